@@ -1,0 +1,3 @@
+from nopebench.cli import main
+
+main()

@@ -1,0 +1,67 @@
+"""Rich output shared by every command: result tables, one-line errors, progress."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from contextlib import contextmanager
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def error_line(message: str) -> None:
+    """The one line a failed command prints (to stderr, no traceback)."""
+    err_console.print(f"[bold red]nopebench: error:[/] {message}", highlight=False, soft_wrap=True)
+
+
+def fmt(value: object, digits: int = 4) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if math.isnan(value) or math.isinf(value):
+            return str(value)
+        return f"{value:.{digits}g}"
+    return str(value)
+
+
+def verdict(passed: bool | None) -> str:
+    if passed is None:
+        return "[yellow]skipped[/]"
+    return "[green]pass[/]" if passed else "[bold red]FAIL[/]"
+
+
+def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[object]]) -> Table:
+    t = Table(title=title, title_justify="left", header_style="bold")
+    for col in columns:
+        t.add_column(col, overflow="fold")
+    for row in rows:
+        t.add_row(*(cell if isinstance(cell, str) else fmt(cell) for cell in row))
+    return t
+
+
+def print_json(data: object) -> None:
+    """Machine-readable records on stdout (plain print: rich would wrap long lines)."""
+    from nopebench.records import _jsonable
+
+    print(json.dumps(_jsonable(data), indent=2))
+
+
+@contextmanager
+def progress_bar(description: str, total: int | None, transient: bool = True):
+    """A progress bar on stderr; yields advance(label) to step it."""
+    columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    with Progress(*columns, console=err_console, transient=transient) as bar:
+        task = bar.add_task(description, total=total)
+
+        def advance(label: str | None = None) -> None:
+            bar.update(task, advance=1, description=f"{description}: {label}" if label else description)
+
+        yield advance

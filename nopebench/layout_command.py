@@ -1,0 +1,59 @@
+"""`nopebench verify-layout`: run the layout checks, print the table, record the run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from nopebench import console as out
+from nopebench.config import load_model_config
+from nopebench.errors import EXIT_CHECK_FAILED, EXIT_OK, UnsupportedError, UsageError
+from nopebench.layout import IMPLEMENTATIONS, LayoutReport, model_case, sweep_cases, verify_layout
+from nopebench.records import RunDir, write_csv, write_json
+
+
+def parse_impls(impl: str) -> list[str]:
+    if impl == "all":
+        return list(IMPLEMENTATIONS)
+    if impl not in IMPLEMENTATIONS:
+        raise UsageError(f"--impl {impl!r}: choose one of {', '.join([*IMPLEMENTATIONS, 'all'])}")
+    return [impl]
+
+
+def verify_layout_command(model: str, impl: str, tokens: int, seed: int, sweep: bool,
+                          results_dir: Path | None, json_out: bool) -> int:
+    cfg = load_model_config(model)
+    impls = parse_impls(impl)
+    cases = sweep_cases(cfg, seed) if sweep else [model_case(cfg, tokens, seed)]
+    with out.progress_bar("verify-layout", total=len(cases) * len(impls)) as advance:
+        report = verify_layout(cases, impls, progress=advance)
+    if impl != "all" and impl in report.skipped:
+        raise UnsupportedError(f"--impl {impl}: {report.skipped[impl]}")
+    run = RunDir.create("verify-layout", results_dir)
+    write_csv(run.file("checks.csv"), report.rows)
+    summary = {"model": cfg.name, "passed": report.passed, "cases": len(cases), "skipped": report.skipped}
+    write_json(run.file("checks.json"), {"summary": summary, "checks": report.rows})
+    run.finish("passed" if report.passed else "failed", summary)
+    print_report(cfg.name, report)
+    out.console.print(f"results: {run.path}")
+    if json_out:
+        out.print_json(report.rows)
+    return EXIT_OK if report.passed else EXIT_CHECK_FAILED
+
+
+def print_report(model_name: str, report: LayoutReport) -> None:
+    """One line per (impl, check), aggregated over cases: rows, verdict, worst error."""
+    grouped: dict[tuple[str, str], dict] = {}
+    for r in report.rows:
+        key = (r["impl"], r["check"])
+        g = grouped.setdefault(key, {"rows": 0, "passed": True, "worst": None, "detail": "", "cases": 0})
+        g["rows"] += r["rows"]
+        g["cases"] += 1
+        g["passed"] &= r["passed"]
+        if r["worst"] is not None:
+            g["worst"] = max(g["worst"] or 0.0, r["worst"])
+        if not r["passed"] and not g["detail"]:
+            g["detail"] = f"{r['case']}: {r['detail']}"
+    rows = [(impl, check, g["cases"], g["rows"], out.verdict(g["passed"]), g["worst"], g["detail"])
+            for (impl, check), g in grouped.items()]
+    rows += [(impl, "(not run)", 0, 0, out.verdict(None), None, why) for impl, why in report.skipped.items()]
+    out.console.print(out.table(f"verify-layout: {model_name}", ["impl", "check", "cases", "rows", "result", "worst", "detail"], rows))
