@@ -1,0 +1,74 @@
+"""What every sparse decode implementation receives and returns.
+
+An implementation is an adapter: `prepare(problem)` does all host-side work (format
+conversion, FlashInfer's plan(), workspace allocation) and returns a closure that launches the
+decode and returns its output. The closure does no host synchronisation where the
+implementation allows it, so timing can capture it in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from nopebench import geometry as g
+
+
+@dataclass(frozen=True)
+class DecodeProblem:
+    """One decode step, all tensors on one device.
+
+    q: [T, H, 512 + rope_dim] bf16. For the zero-padded shim, rope_dim is 64 and q's last 64
+       lanes are zero.
+    cache: [num_blocks, block_size, row_bytes] uint8 packed fp8_ds_mla rows.
+    indices: [T, W] int32 physical slots, -1 padded (W is the top-k buffer width).
+    """
+
+    q: torch.Tensor
+    cache: torch.Tensor
+    indices: torch.Tensor
+    softmax_scale: float
+    rope_dim: int
+    kv_scale_format: str = "arbitrary_fp32"
+
+    @property
+    def tokens(self) -> int:
+        return self.q.shape[0]
+
+    @property
+    def heads(self) -> int:
+        return self.q.shape[1]
+
+    @property
+    def width(self) -> int:
+        return self.indices.shape[1]
+
+    @property
+    def qk_dim(self) -> int:
+        return g.qk_dim(self.rope_dim)
+
+
+@dataclass(frozen=True)
+class DecodeOutput:
+    out: torch.Tensor  # [T, H, 512] bf16
+    lse: torch.Tensor | None = None  # [T, H] fp32, natural log; None if the implementation has none
+
+
+DecodeRun = Callable[[], DecodeOutput]
+
+
+@dataclass(frozen=True)
+class ImplSpec:
+    """A registry entry: name, which devices it runs on, and the adapter factory.
+
+    `unsupported(problem)` returns None when this machine can run the implementation on the
+    problem, else one line naming the GPU and what the implementation needs.
+    `prepare(problem)` returns the DecodeRun closure.
+    """
+
+    name: str
+    description: str
+    unsupported: Callable[[DecodeProblem], str | None]
+    prepare: Callable[[DecodeProblem], DecodeRun]
