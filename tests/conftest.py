@@ -1,0 +1,15 @@
+"""Shared test setup: GPU tests skip cleanly on machines without one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+HAS_GPU = torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU; none is visible")
+    for item in items:
+        if "gpu" in item.keywords and not HAS_GPU:
+            item.add_marker(skip_gpu)
