@@ -1,0 +1,138 @@
+"""The `native` decode implementation: the harness's own Triton kernel over the packed cache.
+
+`plan_launch` is the pure launch heuristic (tested on CPU); `native_decode` checks arguments,
+allocates the outputs and launches; `native_spec` is the registry entry.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from nopebench import geometry as g
+from nopebench.sparse.interface import DecodeOutput, DecodeProblem, DecodeRun, ImplSpec
+from nopebench.sparse.reference import check_decode_args
+
+DEFAULT_SMS = 132  # H200/H100 SXM; the real count is read from the device when there is one
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """How one decode call is cut into programs."""
+
+    block_h: int
+    head_blocks: int
+    block_n: int
+    splits: int
+    entries_per_split: int
+    num_warps: int
+    num_stages: int = 1
+    prefetch: bool = True
+
+    @property
+    def programs(self) -> int:
+        return self.head_blocks * self.splits
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def plan_launch(tokens: int, heads: int, width: int, sms: int = DEFAULT_SMS,
+                block_n: int | None = None, num_warps: int | None = None, splits: int | None = None,
+                max_block_h: int = 64) -> LaunchPlan:
+    """Heads per program up to 64 (the accumulator must fit in registers); split the top-k range
+    when tokens x head blocks leave the SMs idle, so that ~2 programs per SM are in flight."""
+    block_h = min(max_block_h, max(16, _next_pow2(heads)))
+    head_blocks = -(-heads // block_h)
+    block_n = block_n or (32 if block_h >= 64 else 64)
+    blocks = -(-width // block_n)
+    if splits is None:
+        want = -(-2 * sms // max(1, tokens * head_blocks))
+        splits = max(1, min(blocks, want))
+    per_split = -(-blocks // splits) * block_n
+    splits = -(-width // per_split)  # no empty splits
+    warps = num_warps or (8 if block_h >= 64 else 4)
+    return LaunchPlan(block_h, head_blocks, block_n, splits, per_split, warps)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def native_decode(q: torch.Tensor, cache: torch.Tensor, indices: torch.Tensor, softmax_scale: float,
+                  rope_dim: int, plan: LaunchPlan | None = None) -> DecodeOutput:
+    """Sparse decode over packed rows. Same contract as `sparse_decode_reference`."""
+    from nopebench.decode import triton_decode as k
+
+    check_decode_args(q, cache, indices, rope_dim)
+    if q.stride(-1) != 1 or indices.stride(-1) != 1:
+        raise ValueError("q and indices must be contiguous in their last dimension")
+    tokens, heads, _ = q.shape
+    width = indices.shape[1]
+    if plan is None:
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else DEFAULT_SMS
+        plan = plan_launch(tokens, heads, width, sms)
+    out = torch.empty(tokens, heads, g.LATENT_DIM, dtype=torch.bfloat16, device=q.device)
+    lse = torch.empty(tokens, heads, dtype=torch.float32, device=q.device)
+    if tokens == 0:
+        return DecodeOutput(out, lse)
+    if plan.splits == 1:
+        part, part_lse = out, lse
+        stride_os, stride_ls = 0, 0
+    else:
+        part = torch.empty(plan.splits, tokens, heads, g.LATENT_DIM, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(plan.splits, tokens, heads, dtype=torch.float32, device=q.device)
+        stride_os, stride_ls = part.stride(0), part_lse.stride(0)
+    grid = (tokens * plan.head_blocks, plan.splits)
+    k.sparse_decode_kernel[grid](
+        q, cache, indices, part, part_lse,
+        heads, width, plan.entries_per_split, softmax_scale * k.LOG2E,
+        q.stride(0), q.stride(1), indices.stride(0),
+        part.stride(-3), part.stride(-2), stride_os, part_lse.stride(-2), stride_ls,
+        BLOCK_H=plan.block_h, BLOCK_N=plan.block_n, ROW_BYTES=cache.shape[-1], ROPE=bool(rope_dim),
+        HEAD_BLOCKS=plan.head_blocks, PREFETCH=plan.prefetch, NUM_STAGES=plan.num_stages,
+        F32_DOT=_interpreting(), num_warps=plan.num_warps,
+    )
+    if plan.splits > 1:
+        k.combine_kernel[(tokens * heads,)](
+            part, part_lse, out, lse, heads, plan.splits,
+            part.stride(0), part.stride(1), part.stride(2), part_lse.stride(0), part_lse.stride(1),
+            out.stride(0), out.stride(1),
+            BLOCK_S=_next_pow2(plan.splits), num_warps=4,
+        )
+    return DecodeOutput(out, lse)
+
+
+def _unsupported(problem: DecodeProblem) -> str | None:
+    if not problem.q.is_cuda:
+        return "native needs a CUDA GPU (Triton kernel); none is visible"
+    major, minor = torch.cuda.get_device_capability(problem.q.device)
+    if major < 8:
+        return f"native needs SM80 or newer; this GPU is SM{major}{minor}"
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return "native needs the triton package"
+    return None
+
+
+def _prepare(problem: DecodeProblem) -> DecodeRun:
+    sms = torch.cuda.get_device_properties(problem.q.device).multi_processor_count
+    plan = plan_launch(problem.tokens, problem.heads, problem.width, sms)
+
+    def run() -> DecodeOutput:
+        return native_decode(problem.q, problem.cache, problem.indices, problem.softmax_scale, problem.rope_dim, plan)
+
+    return run
+
+
+def native_spec() -> ImplSpec:
+    return ImplSpec(
+        name="native",
+        description="nopebench Triton kernel: packed fp8 rows read in place, dequantized in registers",
+        unsupported=_unsupported,
+        prepare=_prepare,
+    )

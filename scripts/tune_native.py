@@ -1,0 +1,136 @@
+"""Tuning sweep for the native Triton decode kernel (a developer tool, not a product command).
+
+Checks every launch variant against the reference, then times it with the project's one timing
+function, on the bench-decode problem: a 1M-row cache with unused rows poisoned (0xFF bytes are
+NaN as fp8 and as fp32 scales), 2176-wide index rows with 2051 random valid slots and a -1 tail.
+Writes tune.csv (every variant) to $OUT or ./tune-out and prints the best per case.
+
+    PYTHONPATH=$PWD:/tmp/site python3 scripts/tune_native.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from nopebench.compare import close
+from nopebench.decode.native import LaunchPlan, native_decode, plan_launch
+from nopebench.environment import environment_header
+from nopebench.records import write_csv, write_json
+from nopebench.sparse.reference import sparse_decode_reference
+from nopebench.timing import measure_ceilings, time_gpu
+
+ROWS = 1 << 20
+WIDTH, ACTIVE = 2176, 2051
+
+
+def make_cache(row_bytes: int, rope: int, gen: torch.Generator) -> tuple[torch.Tensor, int]:
+    """A packed cache whose last 1/16 of rows are NaN poison; returns (cache, usable rows)."""
+    from nopebench import rowformat
+
+    usable = ROWS - ROWS // 16
+    cache = torch.full((ROWS // 64, 64, row_bytes), 0xFF, dtype=torch.uint8, device="cuda")
+    step = 1 << 18
+    for s in range(0, usable, step):
+        n = min(step, usable - s)
+        kv = (torch.randn(n, 512, device="cuda", generator=gen) * 2).to(torch.bfloat16)
+        pe = (torch.randn(n, 64, device="cuda", generator=gen)).to(torch.bfloat16) if rope else None
+        slots = torch.arange(s, s + n, device="cuda")
+        rowformat.write_cache(cache, kv, pe, slots, "arbitrary_fp32")
+    return cache, usable
+
+
+def make_indices(tokens: int, usable: int, gen: torch.Generator) -> torch.Tensor:
+    idx = torch.full((tokens, WIDTH), -1, dtype=torch.int32, device="cuda")
+    idx[:, :ACTIVE] = torch.randint(0, usable, (tokens, ACTIVE), device="cuda", generator=gen, dtype=torch.int32)
+    return idx
+
+
+def variants(heads: int, tokens: int, quick: bool) -> list[dict]:
+    out = []
+    bns = (32, 64) if heads <= 32 else (16, 32)
+    warps = (4, 8)
+    for bn in bns:
+        for w in warps:
+            out.append(dict(block_n=bn, num_warps=w))
+            if not quick:
+                out.append(dict(block_n=bn, num_warps=w, prefetch=False, num_stages=2))
+                out.append(dict(block_n=bn, num_warps=w, prefetch=False, num_stages=3))
+    if tokens >= 128 and not quick:
+        out += [dict(block_n=bns[0], num_warps=4, splits=2), dict(block_n=bns[-1], num_warps=8, splits=2)]
+    return out
+
+
+def build_plan(tokens: int, heads: int, v: dict) -> LaunchPlan:
+    base = plan_launch(tokens, heads, WIDTH, torch.cuda.get_device_properties(0).multi_processor_count,
+                       block_n=v["block_n"], num_warps=v["num_warps"], splits=v.get("splits"))
+    return dataclasses.replace(base, prefetch=v.get("prefetch", True), num_stages=v.get("num_stages", 1))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--cases", default="16x512,64x512,16x1,64x1,128x512")
+    args = ap.parse_args()
+    out_dir = Path(os.environ.get("OUT", "tune-out"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator(device="cuda").manual_seed(1234)
+    ceil = measure_ceilings()
+    print(f"ceilings: copy {ceil.copy_gbps:.0f} GB/s, bf16 matmul {ceil.matmul_tflops:.0f} TFLOP/s", flush=True)
+    caches = {"nope": make_cache(528, 0, gen), "shim": make_cache(656, 0, gen)}
+    rows = []
+    for case in args.cases.split(","):
+        heads, tokens = map(int, case.split("x"))
+        for mode, (cache, usable) in caches.items():
+            rope = 64 if mode == "shim" else 0
+            sets = 4 if tokens >= 64 else 64
+            qs = [torch.randn(tokens, heads, 512 + rope, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(sets)]
+            if rope:
+                for q in qs:
+                    q[..., 512:] = 0
+            idxs = [make_indices(tokens, usable, gen) for _ in range(sets)]
+            ref, ref_lse = sparse_decode_reference(qs[0], cache, idxs[0], 0.0625, rope)
+            vs = variants(heads, tokens, args.quick) if mode == "nope" else variants(heads, tokens, True)
+            for v in vs:
+                plan = build_plan(tokens, heads, v)
+                row = {"heads": heads, "tokens": tokens, "mode": mode, **dataclasses.asdict(plan)}
+                try:
+                    t0 = time.time()
+                    res = native_decode(qs[0], cache, idxs[0], 0.0625, rope, plan)
+                    cmp = close(res.out, ref)
+                    lse_err = float((res.lse - ref_lse).abs().max())
+                    row.update(passed=cmp.passed, max_abs_err=cmp.max_abs_err, cos_diff=cmp.cos_diff, lse_err=lse_err,
+                               compile_s=time.time() - t0)
+                    calls = [lambda q=q, i=i, c=cache, r=rope, p=plan: native_decode(q, c, i, 0.0625, r, p) for q, i in zip(qs, idxs, strict=True)]
+                    tm = time_gpu(calls, budget_s=0.3)
+                    row.update(tm.as_row())
+                    rb = 528 if rope == 0 else 656
+                    row["tbps"] = tokens * ACTIVE * rb / (tm.median_ms * 1e-3) / 1e12
+                    row["tflops"] = 2 * tokens * heads * ACTIVE * (512 + rope + 512) / (tm.median_ms * 1e-3) / 1e12
+                except Exception as exc:  # noqa: BLE001 - a failing variant is a row, not a crash
+                    row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                rows.append(row)
+                print({k: row.get(k) for k in ("heads", "tokens", "mode", "block_n", "num_warps", "prefetch",
+                                               "num_stages", "splits", "passed", "median_ms", "tbps", "error")}, flush=True)
+            write_csv(out_dir / "tune.csv", rows)
+    write_json(out_dir / "tune_env.json", {**environment_header(), **ceil.as_row()})
+    print("\nbest per case:")
+    import pandas as pd
+
+    df = pd.DataFrame(rows)
+    ok = df[df.get("passed", False) == True]  # noqa: E712
+    for (h, t, m), g in ok.groupby(["heads", "tokens", "mode"]):
+        b = g.sort_values("median_ms").iloc[0]
+        print(f"H={h:<4} T={t:<4} {m:5} {b.median_ms:.4f} ms  bn={b.block_n} w={b.num_warps} pf={b.prefetch} "
+              f"st={b.num_stages} sp={b.splits} {b.tbps:.2f} TB/s {b.tflops:.0f} TFLOP/s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
