@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import importlib.metadata
+import os
 import platform
 import shlex
 import subprocess
@@ -35,6 +36,9 @@ def git_state() -> dict[str, Any]:
 
     sha = git("rev-parse", "HEAD")
     status = git("status", "--porcelain", "--untracked-files=no")
+    if sha is None and os.environ.get("NOPEBENCH_GIT_SHA"):
+        # A copy of the tree without .git (a remote GPU machine): the launcher says which commit.
+        return {"git_sha": os.environ["NOPEBENCH_GIT_SHA"], "git_dirty": os.environ.get("NOPEBENCH_GIT_DIRTY") == "1"}
     return {"git_sha": sha, "git_dirty": None if status is None else bool(status)}
 
 

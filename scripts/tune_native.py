@@ -39,7 +39,7 @@ def make_cache(row_bytes: int, rope: int, gen: torch.Generator) -> tuple[torch.T
     step = 1 << 18
     for s in range(0, usable, step):
         n = min(step, usable - s)
-        kv = (torch.randn(n, 512, device="cuda", generator=gen) * 2).to(torch.bfloat16)
+        kv = torch.randn(n, 512, device="cuda", generator=gen).to(torch.bfloat16)
         pe = (torch.randn(n, 64, device="cuda", generator=gen)).to(torch.bfloat16) if rope else None
         slots = torch.arange(s, s + n, device="cuda")
         rowformat.write_cache(cache, kv, pe, slots, "arbitrary_fp32")
@@ -67,36 +67,56 @@ def variants(heads: int, tokens: int, quick: bool) -> list[dict]:
     return out
 
 
+def explore(heads: int, tokens: int) -> list[dict]:
+    """Structural alternatives: deeper splits, factored fp16 products, smaller head blocks."""
+    if heads <= 32:
+        return [dict(block_n=32, num_warps=4, splits=2), dict(block_n=32, num_warps=4, splits=4),
+                dict(block_n=32, num_warps=4, splits=2, factored=True), dict(block_n=64, num_warps=8, splits=2, factored=True),
+                dict(block_n=16, num_warps=4, splits=2), dict(block_n=16, num_warps=4, splits=2, prefetch=False, num_stages=4),
+                dict(block_n=32, num_warps=4, splits=2, prefetch=False, num_stages=3, factored=True)]
+    return [dict(block_n=32, num_warps=4, prefetch=False, num_stages=2), dict(block_n=32, num_warps=4, prefetch=False, num_stages=2, factored=True),
+            dict(block_n=32, num_warps=8, factored=True), dict(block_n=32, num_warps=4, max_block_h=32),
+            dict(block_n=32, num_warps=4, max_block_h=16), dict(block_n=64, num_warps=4, max_block_h=16),
+            dict(block_n=32, num_warps=4, max_block_h=32, prefetch=False, num_stages=3)]
+
+
 def build_plan(tokens: int, heads: int, v: dict) -> LaunchPlan:
     base = plan_launch(tokens, heads, WIDTH, torch.cuda.get_device_properties(0).multi_processor_count,
-                       block_n=v["block_n"], num_warps=v["num_warps"], splits=v.get("splits"))
-    return dataclasses.replace(base, prefetch=v.get("prefetch", True), num_stages=v.get("num_stages", 1))
+                       block_n=v["block_n"], num_warps=v["num_warps"], splits=v.get("splits"),
+                       max_block_h=v.get("max_block_h", 64))
+    return dataclasses.replace(base, prefetch=v.get("prefetch", True), num_stages=v.get("num_stages", 1),
+                               factored=v.get("factored", False))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--cases", default="16x512,64x512,16x1,64x1,128x512")
+    ap.add_argument("--explore", action="store_true", help="structural alternatives instead of the block/warp grid")
+    ap.add_argument("--modes", default="nope,shim")
     args = ap.parse_args()
     out_dir = Path(os.environ.get("OUT", "tune-out"))
     out_dir.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator(device="cuda").manual_seed(1234)
     ceil = measure_ceilings()
     print(f"ceilings: copy {ceil.copy_gbps:.0f} GB/s, bf16 matmul {ceil.matmul_tflops:.0f} TFLOP/s", flush=True)
-    caches = {"nope": make_cache(528, 0, gen), "shim": make_cache(656, 0, gen)}
+    caches = {m: make_cache(528 if m == "nope" else 656, 0, gen) for m in args.modes.split(",")}
     rows = []
     for case in args.cases.split(","):
         heads, tokens = map(int, case.split("x"))
         for mode, (cache, usable) in caches.items():
             rope = 64 if mode == "shim" else 0
             sets = 4 if tokens >= 64 else 64
-            qs = [torch.randn(tokens, heads, 512 + rope, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(sets)]
+            qs = [torch.randn(tokens, heads, 512 + rope, device="cuda", generator=gen).clamp(-1, 1).to(torch.bfloat16) for _ in range(sets)]
             if rope:
                 for q in qs:
                     q[..., 512:] = 0
             idxs = [make_indices(tokens, usable, gen) for _ in range(sets)]
             ref, ref_lse = sparse_decode_reference(qs[0], cache, idxs[0], 0.0625, rope)
-            vs = variants(heads, tokens, args.quick) if mode == "nope" else variants(heads, tokens, True)
+            if args.explore:
+                vs = explore(heads, tokens)
+            else:
+                vs = variants(heads, tokens, args.quick) if mode == "nope" else variants(heads, tokens, True)
             for v in vs:
                 plan = build_plan(tokens, heads, v)
                 row = {"heads": heads, "tokens": tokens, "mode": mode, **dataclasses.asdict(plan)}
@@ -116,8 +136,9 @@ def main() -> int:
                 except Exception as exc:  # noqa: BLE001 - a failing variant is a row, not a crash
                     row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
                 rows.append(row)
-                print({k: row.get(k) for k in ("heads", "tokens", "mode", "block_n", "num_warps", "prefetch",
-                                               "num_stages", "splits", "passed", "median_ms", "tbps", "error")}, flush=True)
+                print({k: row.get(k) for k in ("heads", "tokens", "mode", "block_h", "block_n", "num_warps", "prefetch",
+                                               "num_stages", "splits", "factored", "passed", "max_abs_err",
+                                               "median_ms", "tbps", "tflops", "error")}, flush=True)
             write_csv(out_dir / "tune.csv", rows)
     write_json(out_dir / "tune_env.json", {**environment_header(), **ceil.as_row()})
     print("\nbest per case:")

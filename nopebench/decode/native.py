@@ -30,6 +30,7 @@ class LaunchPlan:
     num_warps: int
     num_stages: int = 1
     prefetch: bool = True
+    factored: bool = False
 
     @property
     def programs(self) -> int:
@@ -43,27 +44,63 @@ def _next_pow2(n: int) -> int:
 def plan_launch(tokens: int, heads: int, width: int, sms: int = DEFAULT_SMS,
                 block_n: int | None = None, num_warps: int | None = None, splits: int | None = None,
                 max_block_h: int = 64) -> LaunchPlan:
-    """Heads per program up to 64 (the accumulator must fit in registers); split the top-k range
-    when tokens x head blocks leave the SMs idle, so that ~2 programs per SM are in flight."""
+    """The launch shape, from the H200 sweep in results/reference/decode-tuning/.
+
+    Heads per program go up to 64 (the fp32 accumulator must fit in registers); more heads
+    take more head blocks. With 16-32 heads the kernel is bound by how many row gathers are in
+    flight, so the top-k range is split until there are ~6 programs per SM; with 64 heads it
+    is bound by registers, and splitting pays only when tokens alone cannot fill the SMs.
+    """
     block_h = min(max_block_h, max(16, _next_pow2(heads)))
     head_blocks = -(-heads // block_h)
-    block_n = block_n or (32 if block_h >= 64 else 64)
+    rows = tokens * head_blocks
+    few = rows < sms
+    prefetch, stages = True, 1
+    if block_h >= 64:
+        block_n = block_n or 32
+        warps = num_warps or (8 if few or head_blocks > 1 else 4)
+        if not few and head_blocks == 1 and num_warps is None:
+            prefetch, stages = False, 2  # 4 warps, Triton's cp.async pipeline: best at T >= 128
+        target = 2 * sms if few else rows
+    else:
+        block_n = block_n or (64 if few else 32)
+        warps = num_warps or (8 if few else 4)
+        target = 6 * sms
     blocks = -(-width // block_n)
     if splits is None:
-        want = -(-2 * sms // max(1, tokens * head_blocks))
-        splits = max(1, min(blocks, want))
+        splits = max(1, min(blocks, -(-target // max(1, rows))))
     per_split = -(-blocks // splits) * block_n
     splits = -(-width // per_split)  # no empty splits
-    warps = num_warps or (8 if block_h >= 64 else 4)
-    return LaunchPlan(block_h, head_blocks, block_n, splits, per_split, warps)
+    return LaunchPlan(block_h, head_blocks, block_n, splits, per_split, warps, stages, prefetch)
 
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+@dataclass(frozen=True)
+class DecodeBuffers:
+    """Output and split-K scratch of one decode shape, allocated once so repeated launches (and
+    CUDA-graph replays) write to the same addresses."""
+
+    out: torch.Tensor
+    lse: torch.Tensor
+    part: torch.Tensor
+    part_lse: torch.Tensor
+
+    @classmethod
+    def allocate(cls, tokens: int, heads: int, plan: LaunchPlan, device) -> DecodeBuffers:
+        out = torch.empty(tokens, heads, g.LATENT_DIM, dtype=torch.bfloat16, device=device)
+        lse = torch.empty(tokens, heads, dtype=torch.float32, device=device)
+        if plan.splits == 1:
+            return cls(out, lse, out, lse)
+        part = torch.empty(plan.splits, tokens, heads, g.LATENT_DIM, dtype=torch.float32, device=device)
+        part_lse = torch.empty(plan.splits, tokens, heads, dtype=torch.float32, device=device)
+        return cls(out, lse, part, part_lse)
+
+
 def native_decode(q: torch.Tensor, cache: torch.Tensor, indices: torch.Tensor, softmax_scale: float,
-                  rope_dim: int, plan: LaunchPlan | None = None) -> DecodeOutput:
+                  rope_dim: int, plan: LaunchPlan | None = None, buffers: DecodeBuffers | None = None) -> DecodeOutput:
     """Sparse decode over packed rows. Same contract as `sparse_decode_reference`."""
     from nopebench.decode import triton_decode as k
 
@@ -75,17 +112,13 @@ def native_decode(q: torch.Tensor, cache: torch.Tensor, indices: torch.Tensor, s
     if plan is None:
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else DEFAULT_SMS
         plan = plan_launch(tokens, heads, width, sms)
-    out = torch.empty(tokens, heads, g.LATENT_DIM, dtype=torch.bfloat16, device=q.device)
-    lse = torch.empty(tokens, heads, dtype=torch.float32, device=q.device)
+    if buffers is None:
+        buffers = DecodeBuffers.allocate(tokens, heads, plan, q.device)
+    out, lse, part, part_lse = buffers.out, buffers.lse, buffers.part, buffers.part_lse
     if tokens == 0:
         return DecodeOutput(out, lse)
-    if plan.splits == 1:
-        part, part_lse = out, lse
-        stride_os, stride_ls = 0, 0
-    else:
-        part = torch.empty(plan.splits, tokens, heads, g.LATENT_DIM, dtype=torch.float32, device=q.device)
-        part_lse = torch.empty(plan.splits, tokens, heads, dtype=torch.float32, device=q.device)
-        stride_os, stride_ls = part.stride(0), part_lse.stride(0)
+    stride_os = part.stride(0) if plan.splits > 1 else 0
+    stride_ls = part_lse.stride(0) if plan.splits > 1 else 0
     grid = (tokens * plan.head_blocks, plan.splits)
     k.sparse_decode_kernel[grid](
         q, cache, indices, part, part_lse,
@@ -94,7 +127,7 @@ def native_decode(q: torch.Tensor, cache: torch.Tensor, indices: torch.Tensor, s
         part.stride(-3), part.stride(-2), stride_os, part_lse.stride(-2), stride_ls,
         BLOCK_H=plan.block_h, BLOCK_N=plan.block_n, ROW_BYTES=cache.shape[-1], ROPE=bool(rope_dim),
         HEAD_BLOCKS=plan.head_blocks, PREFETCH=plan.prefetch, NUM_STAGES=plan.num_stages,
-        F32_DOT=_interpreting(), num_warps=plan.num_warps,
+        F32_DOT=_interpreting(), FACTORED=plan.factored, num_warps=plan.num_warps,
     )
     if plan.splits > 1:
         k.combine_kernel[(tokens * heads,)](
@@ -122,9 +155,11 @@ def _unsupported(problem: DecodeProblem) -> str | None:
 def _prepare(problem: DecodeProblem) -> DecodeRun:
     sms = torch.cuda.get_device_properties(problem.q.device).multi_processor_count
     plan = plan_launch(problem.tokens, problem.heads, problem.width, sms)
+    buffers = DecodeBuffers.allocate(problem.tokens, problem.heads, plan, problem.q.device)
 
     def run() -> DecodeOutput:
-        return native_decode(problem.q, problem.cache, problem.indices, problem.softmax_scale, problem.rope_dim, plan)
+        return native_decode(problem.q, problem.cache, problem.indices, problem.softmax_scale, problem.rope_dim,
+                             plan, buffers)
 
     return run
 

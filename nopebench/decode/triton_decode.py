@@ -94,12 +94,79 @@ def _attend(q0, q1, q2, q3, qr, k0, k1, k2, k3, s0, s1, s2, s3, r, valid,
 
 
 @triton.jit
+def _fp16(k):
+    """fp8 bytes -> fp16, exact (every e4m3 value is an fp16 value; one cvt per pair)."""
+    return k.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+
+
+@triton.jit
+def _attend_factored(q0, q1, q2, q3, qr, q_unscale, k0, k1, k2, k3, s0, s1, s2, s3, r, valid,
+                     m_i, l_i, acc0, acc1, acc2, acc3, qk_scale_log2,
+                     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, ROPE: tl.constexpr, F32_DOT: tl.constexpr):
+    """The same block update with the scales factored out of the matrix products.
+
+    score[h, n] = sum_t scale_t[n] * (q_t[h] . fp8_t[n]); out_t += (p * scale_t) @ fp8_t.
+    The fp8 tiles enter the fp16 tensor-core products exactly, and no [BLOCK_N, 512] fp32
+    dequantized tile ever exists. q arrives pre-scaled by a power of two per head so that it
+    fits fp16 (q_unscale undoes it); p * scale_t is divided by the block's largest scale so it
+    stays in fp16's normal range, and that factor is applied to the fp32 accumulator.
+    """
+    zero = tl.zeros((BLOCK_H, BLOCK_N), dtype=tl.float32)
+    f0 = _fp16(k0)
+    f1 = _fp16(k1)
+    f2 = _fp16(k2)
+    f3 = _fp16(k3)
+    s = _mma(q0, tl.trans(f0), zero, F32_DOT) * s0[None, :]
+    s += _mma(q1, tl.trans(f1), zero, F32_DOT) * s1[None, :]
+    s += _mma(q2, tl.trans(f2), zero, F32_DOT) * s2[None, :]
+    s += _mma(q3, tl.trans(f3), zero, F32_DOT) * s3[None, :]
+    s = s * q_unscale[:, None]
+    if ROPE:
+        s = _mma(qr, tl.trans(r), s, F32_DOT)
+    s = tl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    c0 = tl.maximum(tl.max(s0, axis=0), 1e-30)
+    c1 = tl.maximum(tl.max(s1, axis=0), 1e-30)
+    c2 = tl.maximum(tl.max(s2, axis=0), 1e-30)
+    c3 = tl.maximum(tl.max(s3, axis=0), 1e-30)
+    acc0 = _mma((p * (s0 / c0)[None, :]).to(tl.float16), f0, zero_acc(BLOCK_H), F32_DOT) * c0 + acc0 * alpha[:, None]
+    acc1 = _mma((p * (s1 / c1)[None, :]).to(tl.float16), f1, zero_acc(BLOCK_H), F32_DOT) * c1 + acc1 * alpha[:, None]
+    acc2 = _mma((p * (s2 / c2)[None, :]).to(tl.float16), f2, zero_acc(BLOCK_H), F32_DOT) * c2 + acc2 * alpha[:, None]
+    acc3 = _mma((p * (s3 / c3)[None, :]).to(tl.float16), f3, zero_acc(BLOCK_H), F32_DOT) * c3 + acc3 * alpha[:, None]
+    return m_new, l_i, acc0, acc1, acc2, acc3
+
+
+@triton.jit
+def _update(q0, q1, q2, q3, qr, q_unscale, k0, k1, k2, k3, s0, s1, s2, s3, r, valid,
+            m_i, l_i, acc0, acc1, acc2, acc3, qk_scale_log2,
+            BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, ROPE: tl.constexpr, F32_DOT: tl.constexpr,
+            FACTORED: tl.constexpr):
+    if FACTORED:
+        res = _attend_factored(q0, q1, q2, q3, qr, q_unscale, k0, k1, k2, k3, s0, s1, s2, s3, r, valid,
+                               m_i, l_i, acc0, acc1, acc2, acc3, qk_scale_log2, BLOCK_H, BLOCK_N, ROPE, F32_DOT)
+    else:
+        res = _attend(q0, q1, q2, q3, qr, k0, k1, k2, k3, s0, s1, s2, s3, r, valid,
+                      m_i, l_i, acc0, acc1, acc2, acc3, qk_scale_log2, BLOCK_H, BLOCK_N, ROPE, F32_DOT)
+    return res
+
+
+@triton.jit
+def zero_acc(BLOCK_H: tl.constexpr):
+    return tl.zeros((BLOCK_H, 128), dtype=tl.float32)
+
+
+@triton.jit
 def sparse_decode_kernel(
     q_ptr, cache_ptr, idx_ptr, out_ptr, lse_ptr,
     heads, width, entries_per_split, qk_scale_log2,
     stride_qt, stride_qh, stride_it, stride_ot, stride_oh, stride_os, stride_lt, stride_ls,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, ROW_BYTES: tl.constexpr, ROPE: tl.constexpr,
     HEAD_BLOCKS: tl.constexpr, PREFETCH: tl.constexpr, NUM_STAGES: tl.constexpr, F32_DOT: tl.constexpr,
+    FACTORED: tl.constexpr,
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -117,6 +184,18 @@ def sparse_decode_kernel(
         qr = tl.load(qrow + (512 + tl.arange(0, 64))[None, :], mask=hmask[:, None], other=0.0)
     else:
         qr = q0  # placeholder: never used without ROPE
+    if FACTORED:
+        # Power-of-two prescale per head so |q| <= 2**14 fits fp16 exactly (bf16 -> fp16 is
+        # exact in range); q_unscale multiplies the scores back.
+        qmax = tl.maximum(tl.maximum(tl.max(tl.abs(q0.to(tl.float32)), axis=1), tl.max(tl.abs(q1.to(tl.float32)), axis=1)),
+                          tl.maximum(tl.max(tl.abs(q2.to(tl.float32)), axis=1), tl.max(tl.abs(q3.to(tl.float32)), axis=1)))
+        q_unscale = tl.exp2(tl.maximum(tl.ceil(tl.log2(tl.maximum(qmax, 1.0))) - 14.0, 0.0))
+        q0 = (q0.to(tl.float32) / q_unscale[:, None]).to(tl.float16)
+        q1 = (q1.to(tl.float32) / q_unscale[:, None]).to(tl.float16)
+        q2 = (q2.to(tl.float32) / q_unscale[:, None]).to(tl.float16)
+        q3 = (q3.to(tl.float32) / q_unscale[:, None]).to(tl.float16)
+    else:
+        q_unscale = tl.full((BLOCK_H,), 1.0, dtype=tl.float32)
 
     acc0 = tl.zeros((BLOCK_H, 128), dtype=tl.float32)
     acc1 = tl.zeros((BLOCK_H, 128), dtype=tl.float32)
@@ -135,17 +214,17 @@ def sparse_decode_kernel(
         for n in range(start, end, BLOCK_N):
             nk0, nk1, nk2, nk3, ns0, ns1, ns2, ns3, nr, nvalid = _gather_block(
                 cache_ptr, idx_row, n + BLOCK_N, end, BLOCK_N, ROW_BYTES, ROPE)
-            m_i, l_i, acc0, acc1, acc2, acc3 = _attend(
-                q0, q1, q2, q3, qr, k0, k1, k2, k3, s0, s1, s2, s3, r, valid,
-                m_i, l_i, acc0, acc1, acc2, acc3, qk_scale_log2, BLOCK_H, BLOCK_N, ROPE, F32_DOT)
+            m_i, l_i, acc0, acc1, acc2, acc3 = _update(
+                q0, q1, q2, q3, qr, q_unscale, k0, k1, k2, k3, s0, s1, s2, s3, r, valid,
+                m_i, l_i, acc0, acc1, acc2, acc3, qk_scale_log2, BLOCK_H, BLOCK_N, ROPE, F32_DOT, FACTORED)
             k0, k1, k2, k3, s0, s1, s2, s3, r, valid = nk0, nk1, nk2, nk3, ns0, ns1, ns2, ns3, nr, nvalid
     else:
         # Loads at the top of the body: Triton's software pipeliner may overlap them (num_stages).
         for n in tl.range(start, end, BLOCK_N, num_stages=NUM_STAGES):
             k0, k1, k2, k3, s0, s1, s2, s3, r, valid = _gather_block(cache_ptr, idx_row, n, end, BLOCK_N, ROW_BYTES, ROPE)
-            m_i, l_i, acc0, acc1, acc2, acc3 = _attend(
-                q0, q1, q2, q3, qr, k0, k1, k2, k3, s0, s1, s2, s3, r, valid,
-                m_i, l_i, acc0, acc1, acc2, acc3, qk_scale_log2, BLOCK_H, BLOCK_N, ROPE, F32_DOT)
+            m_i, l_i, acc0, acc1, acc2, acc3 = _update(
+                q0, q1, q2, q3, qr, q_unscale, k0, k1, k2, k3, s0, s1, s2, s3, r, valid,
+                m_i, l_i, acc0, acc1, acc2, acc3, qk_scale_log2, BLOCK_H, BLOCK_N, ROPE, F32_DOT, FACTORED)
 
     has = l_i > 0
     inv = tl.where(has, 1.0 / tl.where(has, l_i, 1.0), 0.0)

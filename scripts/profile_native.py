@@ -1,0 +1,48 @@
+"""Launch one native decode variant a few times, for `ncu` (a developer tool).
+
+    ncu --clock-control none -k regex:sparse_decode --launch-skip 2 --launch-count 1 \
+        python3 scripts/profile_native.py --heads 16 --tokens 512 --block-n 32 --splits 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import torch
+
+from nopebench import rowformat
+from nopebench.decode.native import native_decode, plan_launch
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--tokens", type=int, default=512)
+    ap.add_argument("--block-n", type=int, default=32)
+    ap.add_argument("--warps", type=int, default=4)
+    ap.add_argument("--splits", type=int, default=None)
+    ap.add_argument("--stages", type=int, default=1)
+    ap.add_argument("--no-prefetch", action="store_true")
+    ap.add_argument("--factored", action="store_true")
+    ap.add_argument("--max-block-h", type=int, default=64)
+    args = ap.parse_args()
+    rows, width, active = 1 << 20, 2176, 2051
+    cache = torch.empty(rows // 64, 64, 528, dtype=torch.uint8, device="cuda")
+    for s in range(0, rows, 1 << 18):
+        kv = torch.randn(1 << 18, 512, device="cuda").to(torch.bfloat16)
+        rowformat.write_cache(cache, kv, None, torch.arange(s, s + (1 << 18), device="cuda"), "arbitrary_fp32")
+    idx = torch.full((args.tokens, width), -1, dtype=torch.int32, device="cuda")
+    idx[:, :active] = torch.randint(0, rows, (args.tokens, active), device="cuda", dtype=torch.int32)
+    q = torch.randn(args.tokens, args.heads, 512, device="cuda").clamp(-1, 1).to(torch.bfloat16)
+    plan = plan_launch(args.tokens, args.heads, width, torch.cuda.get_device_properties(0).multi_processor_count,
+                       block_n=args.block_n, num_warps=args.warps, splits=args.splits, max_block_h=args.max_block_h)
+    plan = dataclasses.replace(plan, prefetch=not args.no_prefetch, num_stages=args.stages, factored=args.factored)
+    for _ in range(4):
+        native_decode(q, cache, idx, 0.0625, 0, plan)
+    torch.cuda.synchronize()
+    print(plan)
+
+
+if __name__ == "__main__":
+    main()
