@@ -1,0 +1,173 @@
+"""bench-decode's config, its cases, and the tensors each case runs on.
+
+A case is one (heads, query tokens, buffer width, active entries, mode) point of the grid; its
+seed derives from its id. Modes name what a decode reads:
+- nope: 512-wide queries over compact 528-byte rows (the native NoPE layout);
+- nope-pool: 512-wide queries over 656-byte rows (vLLM's pool layout, tail zero, not read);
+- shim: 576-wide queries with zero RoPE lanes over 656-byte rows with zero tails (the
+  zero-padded RoPE workaround NoPE replaces).
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from pydantic import Field, model_validator
+
+from nopebench import geometry as g
+from nopebench import rowformat
+from nopebench.config import (
+    ModelConfig,
+    StrictModel,
+    load_config,
+    load_model_config,
+    resolve_config_path,
+)
+from nopebench.sparse.interface import DecodeProblem
+
+Mode = Literal["nope", "nope-pool", "shim"]
+MODE_LAYOUT: dict[str, tuple[int, int]] = {  # mode -> (rope_dim, row_bytes)
+    "nope": (0, g.NOPE_ROW_BYTES),
+    "nope-pool": (0, g.FULL_ROW_BYTES),
+    "shim": (g.ROPE_DIM, g.FULL_ROW_BYTES),
+}
+POISON = 0xFF  # NaN as fp8 and as an fp32 scale: unused rows poison any kernel that reads them
+
+
+class WidthSpec(StrictModel):
+    width: int = Field(gt=0, le=65536)
+    active: int = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _fits(self) -> WidthSpec:
+        if self.active > self.width:
+            raise ValueError(f"active = {self.active} exceeds width = {self.width}")
+        return self
+
+
+class TimingSpec(StrictModel):
+    budget_s: float = Field(default=0.3, gt=0, le=60)
+    min_samples: int = Field(default=10, ge=1)
+    max_samples: int = Field(default=200, ge=1)
+
+
+class QuickSpec(StrictModel):
+    heads: list[int] = Field(min_length=1)
+    query_tokens: list[int] = Field(min_length=1)
+    widths: list[WidthSpec] = Field(min_length=1)
+    budget_s: float = Field(default=0.1, gt=0)
+
+
+class BenchConfig(StrictModel):
+    version: Literal[1] = 1
+    name: str
+    model: str = "glm53-flash"
+    heads: list[int] = Field(min_length=1)
+    query_tokens: list[int] = Field(min_length=1)
+    widths: list[WidthSpec] = Field(min_length=1)
+    modes: list[Mode] = Field(min_length=1)
+    impls: list[str] = Field(min_length=1)
+    cache_rows: int = Field(default=1 << 20, ge=4096, le=1 << 26)
+    reference_max_tokens: int = Field(default=64, ge=0)
+    check_tokens: int = Field(default=128, ge=1)
+    timing: TimingSpec = TimingSpec()
+    quick: QuickSpec | None = None
+
+    @model_validator(mode="after")
+    def _positive(self) -> BenchConfig:
+        for key in ("heads", "query_tokens"):
+            bad = [v for v in getattr(self, key) if v <= 0 or (key == "heads" and v > 128)]
+            if bad:
+                raise ValueError(f"{key} must be positive{' and at most 128' if key == 'heads' else ''}, got {bad}")
+        return self
+
+
+def load_bench_config(value: str) -> BenchConfig:
+    return load_config(resolve_config_path(value, "bench"), BenchConfig)
+
+
+@dataclass(frozen=True)
+class DecodeCase:
+    heads: int
+    query_tokens: int
+    width: int
+    active: int
+    mode: str
+
+    @property
+    def case_id(self) -> str:
+        return f"h{self.heads}-t{self.query_tokens}-w{self.width}a{self.active}-{self.mode}"
+
+    @property
+    def seed(self) -> int:
+        return zlib.crc32(self.case_id.encode())
+
+    @property
+    def rope_dim(self) -> int:
+        return MODE_LAYOUT[self.mode][0]
+
+    @property
+    def row_bytes(self) -> int:
+        return MODE_LAYOUT[self.mode][1]
+
+    @property
+    def row_bytes_read(self) -> int:
+        """Bytes of each row a decode must read: 528 unless the RoPE lanes are part of K."""
+        return g.row_bytes_read(self.rope_dim)
+
+    @property
+    def qk_dim(self) -> int:
+        return g.qk_dim(self.rope_dim)
+
+    def flops(self) -> int:
+        return g.decode_flops(self.query_tokens, self.heads, self.active, self.qk_dim)
+
+    def bytes(self) -> int:
+        return g.decode_bytes(self.query_tokens, self.heads, self.active, self.row_bytes_read, self.qk_dim)
+
+
+def grid(cfg: BenchConfig, quick: bool) -> list[DecodeCase]:
+    """The cases of a config, in display order (mode, width, heads, tokens)."""
+    heads, tokens, widths = cfg.heads, cfg.query_tokens, cfg.widths
+    if quick and cfg.quick is not None:
+        heads, tokens, widths = cfg.quick.heads, cfg.quick.query_tokens, cfg.quick.widths
+    return [DecodeCase(h, t, w.width, w.active, m) for m in cfg.modes for w in widths for h in heads for t in tokens]
+
+
+def build_cache(mode: str, rows: int, block_size: int, scale_format: str, device, seed: int = 0) -> tuple[torch.Tensor, int]:
+    """A packed cache of `rows` rows written through the reference writer, its last 1/16 left
+    as NaN poison; returns (cache, usable rows). Latent values are N(0, 1), NoPE rows (no RoPE
+    input), so 656-byte rows carry zero tails as the cache-write fix requires."""
+    _, row_bytes = MODE_LAYOUT[mode]
+    usable = rows - rows // 16
+    gen = torch.Generator(device=device).manual_seed(seed)
+    cache = torch.full((rows // block_size, block_size, row_bytes), POISON, dtype=torch.uint8, device=device)
+    step = 1 << 18
+    for start in range(0, usable, step):
+        n = min(step, usable - start)
+        latent = torch.randn(n, g.LATENT_DIM, device=device, generator=gen).to(torch.bfloat16)
+        rowformat.write_cache(cache, latent, None, torch.arange(start, start + n, device=device), scale_format)
+    return cache, usable
+
+
+def make_problem(case: DecodeCase, cache: torch.Tensor, usable: int, model: ModelConfig, set_index: int,
+                 tokens: int | None = None) -> DecodeProblem:
+    """Fresh random queries (N(0,1) clamped to [-1, 1], FlashMLA's test distribution; zero RoPE
+    lanes for the shim) and index rows of `active` random slots then a -1 tail, for one set."""
+    device = cache.device
+    tokens = case.query_tokens if tokens is None else tokens
+    gen = torch.Generator(device=device).manual_seed(case.seed * 1009 + set_index)
+    q = torch.randn(tokens, case.heads, case.qk_dim, device=device, generator=gen).clamp(-1, 1).to(torch.bfloat16)
+    if case.rope_dim:
+        q[..., g.LATENT_DIM :] = 0
+    indices = torch.full((tokens, case.width), -1, dtype=torch.int32, device=device)
+    indices[:, : case.active] = torch.randint(0, usable, (tokens, case.active), device=device, generator=gen, dtype=torch.int32)
+    return DecodeProblem(q=q, cache=cache, indices=indices, softmax_scale=model.softmax_scale,
+                         rope_dim=case.rope_dim, kv_scale_format=model.kv_scale_format)
+
+
+def model_for(cfg: BenchConfig) -> ModelConfig:
+    return load_model_config(cfg.model)

@@ -1,0 +1,196 @@
+"""bench-decode without a GPU: config, grid, the check-then-time runner with fakes at the device
+boundary, the acceptance criteria, regressions and plots."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pandas as pd
+import pytest
+import torch
+import yaml
+
+from nopebench.config import load_model_config, resolve_config_path
+from nopebench.decode import acceptance, runner
+from nopebench.decode.cases import (
+    BenchConfig,
+    DecodeCase,
+    build_cache,
+    grid,
+    load_bench_config,
+    make_problem,
+)
+from nopebench.errors import UsageError
+from nopebench.plots import decode_plots
+from nopebench.sparse.backends import reference_spec
+from nopebench.sparse.interface import DecodeOutput, ImplSpec
+from nopebench.timing import Ceilings, Timing
+
+CEIL = Ceilings(copy_gbps=4000.0, matmul_tflops=700.0)
+
+
+def small_config(**kw) -> BenchConfig:
+    base = load_bench_config("h200-nope")
+    return base.model_copy(update={"cache_rows": 8192, "check_tokens": 8, **kw})
+
+
+def test_shipped_config_grid():
+    cfg = load_bench_config("h200-nope")
+    cases = grid(cfg, quick=False)
+    assert len(cases) == 4 * 5 * 2 * 2
+    assert len({c.case_id for c in cases}) == len(cases)
+    quick = grid(cfg, quick=True)
+    assert {(c.heads, c.query_tokens, c.width, c.active) for c in quick} == {(16, 1, 2176, 2051), (16, 512, 2176, 2051),
+                                                                          (64, 1, 2176, 2051), (64, 512, 2176, 2051)}
+
+
+@pytest.mark.parametrize("key, value, needle", [
+    ("widths", [{"width": 2048, "active": 4096}], "exceeds width"),
+    ("heads", [0, 16], "heads"),
+    ("modes", ["rope"], "modes"),
+    ("cache_rows", 12, "cache_rows"),
+    ("surprise", 1, "unknown key 'surprise'"),
+    ("timing", {"budget_s": "fast"}, "timing.budget_s"),
+])
+def test_bad_bench_configs_are_one_line(tmp_path, key, value, needle):
+    data = yaml.safe_load(resolve_config_path("h200-nope", "bench").read_text())
+    data[key] = value
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(data))
+    with pytest.raises(UsageError) as err:
+        load_bench_config(str(bad))
+    assert needle in str(err.value) and "\n" not in str(err.value) and str(bad) in str(err.value)
+
+
+def test_case_cost_model_matches_context_formulas():
+    case = DecodeCase(heads=16, query_tokens=512, width=2176, active=2051, mode="nope")
+    assert case.flops() == 2 * 512 * 16 * 2051 * (512 + 512)
+    assert case.bytes() == 512 * 2051 * 528 + 512 * 16 * 512 * 2 * 2
+    shim = replace(case, mode="shim")
+    assert shim.row_bytes_read == 656 and shim.qk_dim == 576
+
+
+def _fake_timing(calls, budget_s, min_samples, max_samples):
+    for fn in calls:
+        fn()
+    return Timing(samples_ms=(1.0, 1.1, 0.9), calls_per_sample=1, graph=True)
+
+
+def _spec(name, fn) -> ImplSpec:
+    def prepare(problem):
+        out = torch.empty(problem.tokens, problem.heads, 512, dtype=torch.bfloat16)
+
+        def run():
+            out.copy_(fn(problem))
+            return DecodeOutput(out, None)
+
+        return run
+
+    return ImplSpec(name, name, lambda p: None, prepare)
+
+
+def _run(monkeypatch, specs, mode="nope"):
+    monkeypatch.setattr(runner, "time_gpu", _fake_timing)
+    cfg = small_config()
+    model = load_model_config("glm53-flash")
+    case = DecodeCase(heads=16, query_tokens=4, width=256, active=200, mode=mode)
+    cache, usable = build_cache(case.mode, cfg.cache_rows, 64, "arbitrary_fp32", "cpu")
+    registry = {s.name: s for s in specs}
+    return runner.run_case(case, cfg, model, cache, usable, registry, list(registry), CEIL, 0.01, None)
+
+
+def _ref(problem):
+    from nopebench.sparse.reference import sparse_decode_reference
+
+    return sparse_decode_reference(problem.q, problem.cache, problem.indices, problem.softmax_scale, problem.rope_dim)[0]
+
+
+def test_runner_checks_then_times_and_rejects_wrong_kernels(monkeypatch):
+    def ignores_padding(problem):  # treats -1 as slot 0: the bug the -1 padding check exists for
+        return _ref(replace(problem, indices=problem.indices.clamp_min(0)))
+
+    def leaves_rows_unwritten(problem):
+        out = _ref(problem)
+        out[-1] = math.nan  # a real kernel would leave whatever the poison was
+        return out
+
+    refused = ImplSpec("refused", "x", lambda p: "refused needs an SM120/SM121 GPU (this is CPU)", lambda p: None)
+    rows = _run(monkeypatch, [reference_spec(), _spec("good", _ref), _spec("pad-bug", ignores_padding),
+                              _spec("unwritten", leaves_rows_unwritten), refused])
+    by = {r["impl"]: r for r in rows}
+    assert by["reference"]["passed"] and by["reference"]["median_ms"] == 1.0
+    assert by["good"]["passed"] and by["good"]["error"] is None and by["good"]["pct_roofline"] > 0
+    assert not by["pad-bug"]["passed"] and "correctness check failed" in by["pad-bug"]["error"]
+    assert "median_ms" not in by["pad-bug"]  # a failed check is never timed
+    assert not by["unwritten"]["passed"]
+    assert by["refused"]["skipped"].startswith("refused needs")
+
+
+def test_runner_shim_mode_uses_zero_rope_lanes(monkeypatch):
+    rows = _run(monkeypatch, [reference_spec()], mode="shim")
+    assert rows[0]["passed"] and rows[0]["row_bytes"] == 656
+
+
+def test_make_problem_is_fresh_per_set_and_poison_is_never_indexed():
+    cfg = small_config()
+    model = load_model_config("glm53-flash")
+    case = DecodeCase(heads=16, query_tokens=3, width=256, active=200, mode="nope")
+    cache, usable = build_cache(case.mode, cfg.cache_rows, 64, "arbitrary_fp32", "cpu")
+    a, b = make_problem(case, cache, usable, model, 0), make_problem(case, cache, usable, model, 1)
+    assert not torch.equal(a.q, b.q) and not torch.equal(a.indices, b.indices)
+    assert int(a.indices.max()) < usable and bool((a.indices[:, 200:] == -1).all())
+    assert bool((cache.view(-1, 528)[usable:] == 0xFF).all())  # the poison rows really are poison
+
+
+def _rows(native16=0.28, bf16_16=0.30, fp8_16=1.6, shim16=0.33, native64=0.40, bf16_64=0.345, fp8_64=1.65, shim64=0.43,
+          n1=0.012, b1=0.020, n1_64=0.02, b1_64=0.021):
+    data = []
+    for impl, mode, h, t, ms in [
+        ("native", "nope", 16, 512, native16), ("flashinfer-fa3-bf16", "nope", 16, 512, bf16_16),
+        ("flashinfer-fa3-fp8", "nope", 16, 512, fp8_16), ("native", "shim", 16, 512, shim16),
+        ("native", "nope", 64, 512, native64), ("flashinfer-fa3-bf16", "nope", 64, 512, bf16_64),
+        ("flashinfer-fa3-fp8", "nope", 64, 512, fp8_64), ("native", "shim", 64, 512, shim64),
+        ("native", "nope", 16, 1, n1), ("flashinfer-fa3-bf16", "nope", 16, 1, b1),
+        ("native", "nope", 64, 1, n1_64), ("flashinfer-fa3-bf16", "nope", 64, 1, b1_64),
+    ]:
+        data.append({"case": f"h{h}-t{t}-{mode}", "impl": impl, "mode": mode, "heads": h, "query_tokens": t,
+                     "width": 2176, "active": 2051, "median_ms": ms, "spread": 0.02, "error": None, "skipped": None,
+                     "passed": True, "pct_roofline": 50.0})
+    return pd.DataFrame(data)
+
+
+def test_criteria_pass_and_fail_on_the_issue_thresholds():
+    assert all(c.passed for c in acceptance.criteria(_rows()))
+    slow = {c.name: c for c in acceptance.criteria(_rows(native16=0.31))}
+    assert not slow["H=16: native NoPE at least as fast as fa3 bf16 NoPE (fa3 / native)"].passed
+    within = {c.name: c for c in acceptance.criteria(_rows(native64=0.345 * 1.3))}
+    assert not within["H=64: native NoPE within 1.25x of fa3 bf16 NoPE (fa3 / native)"].passed
+    shim = {c.name: c for c in acceptance.criteria(_rows(shim16=0.28 * 1.1))}
+    assert not shim["H=16: native NoPE vs native shim (shim / NoPE)"].passed
+
+
+def test_criteria_missing_implementation_is_not_measurable_and_failures_count():
+    rows = _rows()
+    rows = rows[rows.impl != "flashinfer-fa3-fp8"].copy()
+    rows.loc[0, "passed"] = False
+    crit = {c.name: c for c in acceptance.criteria(rows)}
+    assert crit["H=16: native NoPE vs fa3 fp8 (fa3 fp8 / native)"].passed is None
+    assert crit["every case that ran passed its correctness check (failures)"].measured == 1.0
+
+
+def test_nope_speedup_and_regressions():
+    rows = _rows()
+    sp = acceptance.nope_speedups(rows)
+    row = sp[(sp.impl == "native") & (sp.heads == 16)].iloc[0]
+    assert row.nope_speedup == pytest.approx(0.33 / 0.28)
+    slower = _rows(native16=0.28 * 1.10, native64=0.40 * 1.01)
+    marked = acceptance.mark_regressions(slower, rows)
+    flagged = set(marked[marked.regression].case + "/" + marked[marked.regression].impl)
+    assert flagged == {"h16-t512-nope/native"}  # 10% beyond a 2% spread; 1% is inside it
+
+
+def test_plots_render(tmp_path):
+    paths = decode_plots(_rows(), tmp_path)
+    assert [p.name for p in paths] == ["decode_latency.png", "decode_roofline.png"]
+    assert all(p.stat().st_size > 1000 for p in paths)

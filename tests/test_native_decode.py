@@ -1,0 +1,120 @@
+"""The native Triton decode kernel: launch plans (pure), its logic on CPU through Triton's
+interpreter, and on a GPU against the reference with the strict element rule."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from native_cases import decode_inputs
+
+from nopebench.compare import close
+from nopebench.decode.native import plan_launch
+from nopebench.sparse.reference import sparse_decode_reference
+
+SCALE = 0.0625
+
+
+@pytest.mark.parametrize("heads", [1, 16, 20, 32, 64, 100, 128])
+@pytest.mark.parametrize("tokens", [1, 8, 64, 512])
+@pytest.mark.parametrize("width", [64, 2048, 2176, 2200])
+def test_plan_covers_every_entry_and_head_exactly_once(heads, tokens, width):
+    plan = plan_launch(tokens, heads, width, sms=132)
+    assert plan.block_h * plan.head_blocks >= heads > plan.block_h * (plan.head_blocks - 1)
+    assert plan.entries_per_split % plan.block_n == 0
+    assert (plan.splits - 1) * plan.entries_per_split < width <= plan.splits * plan.entries_per_split
+    assert plan.block_h <= 64 and plan.block_h >= 16
+
+
+def test_plan_splits_only_when_programs_are_few():
+    assert plan_launch(512, 64, 2176, 132).splits == 1
+    assert plan_launch(1, 16, 2176, 132).splits > 16
+    assert plan_launch(512, 128, 2176, 132).head_blocks == 2
+
+
+INTERPRETER_SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    os.environ["TRITON_INTERPRET"] = "1"
+    import dataclasses, torch
+    sys.path[:0] = [os.getcwd(), os.path.join(os.getcwd(), "tests")]
+    from nopebench.decode.native import native_decode, plan_launch
+    from nopebench.sparse.reference import sparse_decode_reference
+    from native_cases import decode_inputs
+    results = []
+    for heads, tokens, width, rope, row_bytes, splits, factored in json.loads(sys.argv[1]):
+        q, cache, idx = decode_inputs(heads, tokens, width, rope, row_bytes, "cpu")
+        plan = dataclasses.replace(plan_launch(tokens, heads, width, block_n=16, splits=splits), factored=factored)
+        got = native_decode(q, cache, idx, 0.0625, rope, plan)
+        ref, lse = sparse_decode_reference(q, cache, idx, 0.0625, rope)
+        err = (got.out.float() - ref.float()).abs()
+        finite = torch.isfinite(lse)
+        results.append({"max_err": float(err.max()), "ref_max": float(ref.float().abs().max()),
+                        "nan": bool(torch.isnan(got.out).any()),
+                        "empty_rows_zero": bool((got.out[~finite] == 0).all()),
+                        "lse_inf_match": bool(torch.equal(torch.isinf(got.lse), ~finite)),
+                        "lse_err": float((got.lse[finite] - lse[finite]).abs().max())})
+    print(json.dumps(results))
+""")
+
+
+def test_kernel_logic_in_triton_interpreter(tmp_path):
+    """Masking, -1 anywhere, empty rows, head padding, split-K and its combine, RoPE lanes and
+    the factored variant, all on CPU. The interpreter truncates bf16 conversions (GPU rounds to
+    nearest), so outputs are held to 2% of the largest value and LSE to 0.1 here; the strict rule
+    runs on a GPU below. Wrong indexing or masking gives errors of order 1."""
+    cases = [[16, 3, 96, 0, 528, None, False], [20, 3, 80, 0, 656, 2, False], [16, 3, 64, 64, 656, 1, False],
+             [16, 3, 96, 0, 528, 3, True], [32, 2, 64, 64, 656, 2, True]]
+    script = tmp_path / "interp.py"
+    script.write_text(INTERPRETER_SCRIPT)
+    env = {**os.environ, "TRITON_DEFAULT_FP_FUSION": "1"}
+    proc = subprocess.run([sys.executable, str(script), json.dumps(cases)], capture_output=True, text=True,
+                          timeout=600, cwd=os.path.dirname(os.path.dirname(__file__)), env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for case, res in zip(cases, json.loads(proc.stdout.strip().splitlines()[-1]), strict=True):
+        assert not res["nan"], case  # poisoned rows are never read
+        assert res["empty_rows_zero"] and res["lse_inf_match"], case
+        assert res["max_err"] <= 0.02 * res["ref_max"], (case, res)
+        assert res["lse_err"] < 0.1, (case, res)
+
+
+GPU_GRID = [(h, t, w, rope, rb) for h in (16, 32, 64, 128) for t in (1, 8, 64) for w in (2048, 2176)
+            for rope, rb in ((0, 528), (0, 656), (64, 656))]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads, tokens, width, rope, row_bytes", GPU_GRID)
+def test_native_matches_reference_on_gpu(heads, tokens, width, rope, row_bytes):
+    from nopebench.decode.native import native_decode
+
+    q, cache, idx = decode_inputs(heads, tokens, width, rope, row_bytes, "cuda", seed=heads * 7 + tokens, rows=4096)
+    got = native_decode(q, cache, idx, SCALE, rope)  # kernel first, reference second
+    got.out.fill_(float("nan"))
+    got = native_decode(q, cache, idx, SCALE, rope)
+    ref, lse = sparse_decode_reference(q, cache, idx, SCALE, rope)
+    cmp = close(got.out, ref)
+    assert cmp.passed, cmp.detail
+    finite = torch.isfinite(lse)
+    assert torch.equal(torch.isinf(got.lse), ~finite)
+    assert float((got.lse[finite] - lse[finite]).abs().max()) < 1e-3
+
+
+@pytest.mark.gpu
+def test_native_replays_in_a_cuda_graph():
+    from nopebench.decode.native import DecodeBuffers, native_decode
+
+    q, cache, idx = decode_inputs(16, 64, 2176, 0, 528, "cuda", rows=4096)
+    plan = plan_launch(64, 16, 2176, torch.cuda.get_device_properties(0).multi_processor_count)
+    bufs = DecodeBuffers.allocate(64, 16, plan, "cuda")
+    eager = native_decode(q, cache, idx, SCALE, 0, plan, bufs).out.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        native_decode(q, cache, idx, SCALE, 0, plan, bufs)
+    bufs.out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(bufs.out, eager)
