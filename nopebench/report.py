@@ -1,0 +1,280 @@
+"""`nopebench report`: run directories -> one Markdown report with PNG plots.
+
+Every number comes from the records of the runs the report names (their CSV/JSON files);
+plots are rendered again from those records into the report's own directory, so the report
+directory is self-contained and can be attached to a pull request as is.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+
+from nopebench import console as out
+from nopebench.errors import EXIT_OK, UsageError
+from nopebench.records import DEFAULT_RESULTS, RUN_FILE, read_run
+
+KIND_ORDER = ("run", "verify-layout", "check-pagetable", "bench-decode", "bench-cache", "gsm8k")
+EXCLUDED_KINDS = {"report"}
+
+
+# ---------------------------------------------------------------- finding runs
+
+
+def _is_run(path: Path) -> bool:
+    return (path / RUN_FILE).is_file()
+
+
+def _finished(path: Path) -> bool:
+    try:
+        return read_run(path).get("status") != "running"
+    except (OSError, json.JSONDecodeError):
+        return False
+
+
+def runs_under(root: Path) -> list[Path]:
+    """The newest finished run of each kind directly under `root` (results/ or a main-job run)."""
+    found = []
+    if not root.is_dir():
+        return found
+    for kind_dir in sorted(p for p in root.iterdir() if p.is_dir() and p.name not in EXCLUDED_KINDS):
+        runs = sorted(p for p in kind_dir.iterdir() if p.is_dir() and _is_run(p) and _finished(p))
+        if runs:
+            found.append(runs[-1])
+    return sorted(found, key=lambda p: _kind_rank(read_run(p).get("kind", "")))
+
+
+def _kind_rank(kind: str) -> int:
+    return KIND_ORDER.index(kind) if kind in KIND_ORDER else len(KIND_ORDER)
+
+
+def collect_runs(paths: list[Path] | None, results_root: Path) -> list[Path]:
+    """The run directories to report on: those given (a main-job run expands to its steps), or
+    the newest of each kind under results/."""
+    if not paths:
+        runs = runs_under(results_root)
+        main = [p for p in runs if read_run(p).get("kind") == "run"]
+        if main:  # the newest main job already holds a run of each step
+            runs = [main[0], *runs_under(main[0])]
+        if not runs:
+            raise UsageError(f"no finished runs under {results_root}: run `nopebench run` (or any check) first")
+        return runs
+    runs = []
+    for path in paths:
+        if not _is_run(path):
+            raise UsageError(f"{path}: not a nopebench run directory (no {RUN_FILE})")
+        runs.append(path)
+        if read_run(path).get("kind") == "run":
+            runs.extend(runs_under(path))
+    return runs
+
+
+# ---------------------------------------------------------------- markdown helpers
+
+
+def md_cell(value: object, digits: int = 4) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, bool):
+        return "pass" if value else "**FAIL**"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}"
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def md_table(columns: list[str], rows: list[list[object]]) -> str:
+    head = "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns) + "\n"
+    return head + "".join("| " + " | ".join(md_cell(c) for c in row) + " |\n" for row in rows)
+
+
+def _csv(run: Path, name: str) -> pd.DataFrame | None:
+    path = run / name
+    return pd.read_csv(path) if path.is_file() else None
+
+
+def _short(text: object, limit: int = 160) -> str:
+    s = "" if text is None or (isinstance(text, float) and math.isnan(text)) else str(text)
+    return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+# ---------------------------------------------------------------- sections
+
+
+def section_environment(runs: list[Path]) -> str:
+    rows = []
+    for run in runs:
+        h = read_run(run)
+        v = h.get("versions", {})
+        sha = h.get("git_sha") or "-"
+        rows.append([h.get("kind"), h.get("status"), h.get("timestamp"), h.get("gpu") or "none (CPU)",
+                     h.get("driver"), v.get("torch"), v.get("triton"), v.get("flashinfer-python"),
+                     f"{sha[:12]}{' (dirty)' if h.get('git_dirty') else ''}", f"`{h.get('command')}`"])
+    return "## Runs and environment\n\n" + md_table(
+        ["kind", "status", "when (UTC)", "GPU", "driver", "torch", "triton", "flashinfer", "git", "command"], rows)
+
+
+def section_run(run: Path, assets: Path) -> str:
+    steps = read_run(run).get("summary", {}).get("steps") or json.loads((run / "steps.json").read_text())
+    return "## Main job (`nopebench run`)\n\n" + md_table(
+        ["step", "result", "seconds", "detail"], [[s["step"], s["status"], s["seconds"], s["detail"]] for s in steps])
+
+
+def section_verify_layout(run: Path, assets: Path) -> str:
+    df = _csv(run, "checks.csv")
+    if df is None:
+        return _generic(run, assets)
+    g = df.groupby(["impl", "check"], sort=False).agg(cases=("case", "nunique"), rows=("rows", "sum"),
+                                                       passed=("passed", "all"), worst=("worst", "max")).reset_index()
+    summary = read_run(run).get("summary", {})
+    skipped = "".join(f"\n- `{k}` not run: {v}" for k, v in (summary.get("skipped") or {}).items())
+    return (f"## KV-cache row layout (`verify-layout`, model {summary.get('model')})\n\n"
+            "Each row written into a sentinel-filled cache and checked byte for byte against an independent "
+            "construction. `worst` is the number of mismatching rows for byte checks and the largest "
+            "error / e4m3-bound ratio for the dequantization check (<= 1 passes).\n\n"
+            + md_table(["impl", "check", "cases", "rows", "result", "worst"], g.values.tolist()) + skipped + "\n")
+
+
+def section_pagetable(run: Path, assets: Path) -> str:
+    df = _csv(run, "checks.csv")
+    if df is None:
+        return _generic(run, assets)
+    cols = [c for c in ("check", "impl", "layout", "sizing", "result", "detail") if c in df.columns]
+    rows = [[_short(r[c]) for c in cols] for _, r in df.iterrows()]
+    summary = read_run(run).get("summary", {})
+    text = (f"## Sparse page-table sizing (`check-pagetable`, model {summary.get('model')}, "
+            f"FlashInfer {summary.get('flashinfer')})\n\n" + md_table(cols, rows))
+    widths = _csv(run, "widths.csv")
+    if widths is not None and {"index_topk", "kpool", "width", "max_active", "pre_fix_sparse_mla_top_k"} <= set(widths.columns):
+        from nopebench.plots import grouped_bars
+
+        point = [f"topk {t}, kpool {k}" for t, k in zip(widths.index_topk, widths.kpool, strict=True)]
+        topk = widths.pre_fix_sparse_mla_top_k
+        long = pd.concat([
+            pd.DataFrame({"point": point, "what": "valid entries past index_topk (kpool - 1)", "value": widths.max_active - topk}),
+            pd.DataFrame({"point": point, "what": "buffer columns past index_topk (width - index_topk)", "value": widths.width - topk}),
+        ])
+        path = grouped_bars(long, "point", "what", "value", "what the pre-fix sizing (sparse_mla_top_k = index_topk) misses",
+                            "entries", assets / "pagetable_widths.png")
+        text += ("\nWherever a bar is above zero the pre-fix sizing does not match the buffer: FlashInfer rejects the "
+                 f"call, or a kernel would ignore valid entries.\n\n![page-table widths]({path.name})\n")
+    return text
+
+
+def section_bench_decode(run: Path, assets: Path) -> str:
+    from nopebench.decode import acceptance
+    from nopebench.plots import decode_plots
+
+    df = _csv(run, "results.csv")
+    if df is None:
+        return _generic(run, assets)
+    summary = read_run(run).get("summary", {})
+    ceil = summary.get("ceilings", {})
+    plots = decode_plots(df, assets)
+    timed = acceptance.timed(df)
+    pivot = timed.pivot_table(index="case", columns="impl", values="median_ms", sort=False)
+    roof = timed.pivot_table(index="case", columns="impl", values="pct_roofline", sort=False)
+    rows = [[case, *[f"{pivot.loc[case, i]:.4f} ({roof.loc[case, i]:.0f}%)" if not pd.isna(pivot.loc[case, i]) else "-"
+                     for i in pivot.columns]] for case in pivot.index]
+    speed = acceptance.nope_speedups(df)
+    crit = acceptance.criteria(df)
+    text = (f"## Sparse decode (`bench-decode`)\n\nCeilings measured in the same run: copy "
+            f"{ceil.get('copy_gbps', float('nan')):.0f} GB/s, bf16 matmul {ceil.get('matmul_tflops', float('nan')):.0f} TFLOP/s. "
+            "Cells: median ms over CUDA-graph replays with rotating inputs (% of roofline = the larger of "
+            "bytes / copy bandwidth and FLOPs / matmul rate, over the time). Every timed cell passed its "
+            "correctness check against the reference in the same run.\n\n"
+            + md_table(["case", *pivot.columns], rows))
+    if not speed.empty:
+        text += "\n### NoPE over the zero-padded shim (shim ms / NoPE ms)\n\n" + md_table(
+            ["impl", "heads", "tokens", "width", "NoPE ms", "shim ms", "speed-up"],
+            [[r.impl, r.heads, r.query_tokens, r.width, r.nope_ms, r.shim_ms, f"{r.nope_speedup:.3f}x"] for r in speed.itertuples()])
+    text += "\n### Issue 5 acceptance\n\n" + md_table(
+        ["criterion", "measured", "target", "result"],
+        [[c.name, c.measured, c.target, "not measured" if c.passed is None else c.passed] for c in crit])
+    skipped = df[df.skipped.notna()].drop_duplicates("impl") if "skipped" in df else df.iloc[0:0]
+    text += "".join(f"\n- `{r.impl}` not run: {r.skipped}" for r in skipped.itertuples())
+    text += "\n" + "".join(f"\n![{p.stem}]({p.name})\n" for p in plots)
+    return text
+
+
+def section_bench_cache(run: Path, assets: Path) -> str:
+    from nopebench.plots import grouped_bars
+
+    df = _csv(run, "results.csv")
+    if df is None:
+        return _generic(run, assets)
+    keep = [c for c in df.columns if c in ("kernel", "op", "impl", "variant", "tokens", "median_ms", "gbps",
+                                           "pct_copy_bw", "speedup_vs_torch", "check_passed", "error")]
+    rows = [[r[c] for c in keep] for _, r in df.iterrows()]
+    text = "## Cache kernels (`bench-cache`)\n\n" + md_table(keep, rows)
+    if {"tokens", "gbps", "variant"} <= set(df.columns):
+        label = "op" if "op" in df.columns else ("kernel" if "kernel" in df.columns else "variant")
+        impl = "impl" if "impl" in df.columns else label
+        data = df[df.gbps.notna()].assign(series=lambda d: d[impl].astype(str) + " " + d["variant"].astype(str),
+                                          panel=lambda d: d[label].astype(str))
+        if not data.empty:
+            path = grouped_bars(data, "tokens", "series", "gbps", "cache kernel throughput", "GB/s", assets / "cache_gbps.png",
+                                facet="panel")
+            text += f"\n![cache throughput]({path.name})\n"
+    return text
+
+
+def section_gsm8k(run: Path, assets: Path) -> str:
+    summary = read_run(run).get("summary", {})
+    rows = [[k, v if not isinstance(v, (dict, list)) else json.dumps(v)] for k, v in summary.items()]
+    return "## GSM8K (`gsm8k`)\n\n" + md_table(["field", "value"], rows)
+
+
+def _generic(run: Path, assets: Path) -> str:
+    h = read_run(run)
+    rows = [[k, json.dumps(v) if isinstance(v, (dict, list)) else v] for k, v in (h.get("summary") or {}).items()]
+    return f"## {h.get('kind')}\n\n" + md_table(["field", "value"], rows)
+
+
+SECTIONS: dict[str, Callable[[Path, Path], str]] = {
+    "run": section_run,
+    "verify-layout": section_verify_layout,
+    "check-pagetable": section_pagetable,
+    "bench-decode": section_bench_decode,
+    "bench-cache": section_bench_cache,
+    "gsm8k": section_gsm8k,
+}
+
+
+def build_report(runs: list[Path], out_dir: Path) -> Path:
+    """Write report.md (and its plots) into `out_dir`; an existing report there is never replaced."""
+    if (out_dir / "report.md").exists():
+        raise UsageError(f"{out_dir}: already holds a report.md; reports never overwrite")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    parts = ["# nopebench report\n",
+             "NoPE sparse MLA (GLM-5.3-Flash, `qk_rope_head_dim = 0`) on FlashInfer's sparse MLA backends: "
+             "the fp8_ds_mla cache row (NoPE RoPE lanes zeroed), the sparse page table sized by the top-k "
+             "buffer width, decode speed against the zero-padded RoPE shim, and GSM8K.\n",
+             "Runs: " + ", ".join(f"`{p}`" for p in runs) + "\n",
+             section_environment(runs)]
+    for run in runs:
+        kind = read_run(run).get("kind", "")
+        parts.append(SECTIONS.get(kind, _generic)(run, out_dir))
+    path = out_dir / "report.md"
+    tmp = path.with_name("report.md.tmp")
+    tmp.write_text("\n".join(parts), encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def report_command(runs: list[Path] | None, output: Path | None, results_dir: Path | None) -> int:
+    from nopebench.records import RunDir
+
+    root = Path(results_dir) if results_dir else DEFAULT_RESULTS
+    chosen = collect_runs(runs, root)
+    if output is None:
+        target = RunDir.create("report", root)
+        path = build_report(chosen, target.path)
+        target.finish("passed", {"runs": [str(p) for p in chosen], "report": str(path)})
+    else:
+        path = build_report(chosen, Path(output))
+    out.console.print(f"report: {path}")
+    return EXIT_OK

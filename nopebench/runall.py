@@ -1,0 +1,144 @@
+"""`nopebench run` (and `make run`): every check this machine can run, in order, then a report.
+
+Each step is an ordinary command writing its own run directory under this run's directory
+(results/run/<id>/<kind>/<id>/), so the report can name every record it used. A step the
+machine cannot run (no GPU, no nvcc, no GSM8K config) is recorded as skipped with the reason;
+the exit status is 0 only when every step that ran passed.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from nopebench import console as out
+from nopebench.errors import EXIT_OK, UnsupportedError, UsageError
+from nopebench.records import RunDir, write_json
+
+
+@dataclass(frozen=True)
+class Step:
+    """One command of the main job. `unavailable()` is None when this machine can run it, else
+    the reason it is skipped; `run(root)` returns the command's exit code."""
+
+    name: str
+    unavailable: Callable[[], str | None]
+    run: Callable[[Path], int]
+
+
+def _no_gpu() -> str | None:
+    import torch
+
+    return None if torch.cuda.is_available() else "no CUDA GPU is visible"
+
+
+def _no_gpu_or_nvcc() -> str | None:
+    if _no_gpu():
+        return _no_gpu()
+    from nopebench.cache_kernels.build import find_nvcc
+
+    return None if find_nvcc() else "no nvcc found (set CUDA_HOME or put nvcc on PATH)"
+
+
+def steps(model: str, gsm8k_config: str | None) -> list[Step]:
+    """The main job's steps, in order. Imports stay inside the lambdas: a step that is skipped
+    never loads its dependencies."""
+
+    def build(root: Path) -> int:
+        from nopebench.cache_kernels import build_command
+
+        return build_command(arch=None, compile_only=False, force=False)
+
+    def verify(root: Path) -> int:
+        from nopebench.layout_command import verify_layout_command
+
+        return verify_layout_command(model, "all", 4096, 0, False, root, False)
+
+    def pagetable(root: Path) -> int:
+        from nopebench.sparse.pagetable import check_pagetable_command
+
+        return check_pagetable_command(model, 0, root, False)
+
+    def decode(root: Path) -> int:
+        from nopebench.decode.bench import bench_decode_command
+
+        return bench_decode_command("h200-nope", None, True, None, root, False)
+
+    def cache(root: Path) -> int:
+        from nopebench.cache_bench import DEFAULT_TOKENS, bench_cache_command
+
+        return bench_cache_command(DEFAULT_TOKENS, True, root, False)
+
+    def gsm8k(root: Path) -> int:
+        from nopebench.gsm8k.command import gsm8k_command
+
+        return gsm8k_command(gsm8k_config, None, None, None, None, root)
+
+    return [
+        Step("build", _no_gpu_or_nvcc, build),
+        Step("verify-layout", lambda: None, verify),
+        Step("check-pagetable", lambda: None, pagetable),
+        Step("bench-decode --quick", _no_gpu, decode),
+        Step("bench-cache --quick", _no_gpu, cache),
+        Step("gsm8k", lambda: None if gsm8k_config else "no --gsm8k config given (it needs a served model)", gsm8k),
+    ]
+
+
+def run_command(model: str, gsm8k_config: str | None, results_dir: Path | None) -> int:
+    from nopebench.config import load_model_config
+
+    load_model_config(model)  # a bad config stops here, before any directory is made
+    run = RunDir.create("run", results_dir)
+    plan = steps(model, gsm8k_config)
+    records = []
+    for i, step in enumerate(plan, 1):
+        out.console.rule(f"[bold]step {i}/{len(plan)}: {step.name}")
+        reason = step.unavailable()
+        started = time.perf_counter()
+        if reason:
+            status, detail = "skipped", reason
+            out.console.print(f"[yellow]skipped:[/] {reason}")
+        else:
+            try:
+                code = step.run(run.path)
+                status, detail = ("passed", "") if code == EXIT_OK else ("failed", f"exit code {code}")
+            except UnsupportedError as exc:
+                status, detail = "skipped", str(exc)
+                out.console.print(f"[yellow]skipped:[/] {exc}")
+            except UsageError as exc:
+                status, detail = "failed", str(exc)
+                out.error_line(str(exc))
+        records.append({"step": step.name, "status": status, "detail": detail,
+                        "seconds": round(time.perf_counter() - started, 2)})
+        write_json(run.file("steps.json"), records)  # after each step: a crash leaves what ran
+    passed = all(r["status"] != "failed" for r in records)
+    status = "passed" if passed else "failed"
+    run.finish(status, {"steps": records, "report": str(run.path / "report" / "report.md")})
+    report_path = _report(run.path)
+    if report_path is None:
+        run.finish(status, {"steps": records, "report": None})
+    out.console.rule("[bold]summary")
+    out.console.print(out.table("nopebench run", ["step", "result", "seconds", "detail"],
+                                [[r["step"], out.verdict(None if r["status"] == "skipped" else r["status"] == "passed"),
+                                  r["seconds"], r["detail"]] for r in records]))
+    out.console.print(f"run directory: {run.path}")
+    if report_path:
+        out.console.print(f"report: {report_path}")
+    return EXIT_OK if passed else 1
+
+
+def _report(run_path: Path) -> Path | None:
+    """The report of this run's steps, inside the run directory."""
+    from nopebench.report import build_report, runs_under
+
+    runs = [run_path, *runs_under(run_path)]
+    target = run_path / "report"
+    try:
+        return build_report(runs, target)
+    except Exception as exc:  # noqa: BLE001 - a report failure must not hide the steps' results
+        shutil.rmtree(target, ignore_errors=True)
+        out.error_line(f"report not written: {type(exc).__name__}: {exc}")
+        return None
