@@ -3,12 +3,12 @@
 #   1. how the copy-bandwidth ceiling depends on the copy's dtype, size and graph capture
 #   2. the native kernel's GPU tests (strict element rule, graph replay)
 #   3. bench-decode on the config given as $1 (default: --quick on h200-nope)
-# Logs and run directories go to $OUT when it is set.
+# Logs and run directories go to $DECODE_OUT (default results/device-decode).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" COLUMNS="${COLUMNS:-200}" PYTHONUNBUFFERED=1
 export FLASHINFER_WORKSPACE_BASE="${FLASHINFER_WORKSPACE_BASE:-$PWD/build/flashinfer-jit}"
-OUTDIR="${OUT:-$PWD/results/device-decode}"
+OUTDIR="${DECODE_OUT:-$PWD/results/device-decode}"
 mkdir -p "$OUTDIR"
 status=0
 python3 - <<'PY' 2>&1 | tee "$OUTDIR/copy_probe.log"
