@@ -44,7 +44,7 @@ class ModelConfig(StrictModel):
     index_topk: int = Field(gt=0, le=65536)
     index_kpool: int = Field(default=1, ge=1, le=1024)
     block_size: Literal[16, 32, 64] = 64
-    softmax_scale: float = Field(gt=0)
+    softmax_scale: float = Field(gt=0, allow_inf_nan=False)
     kv_scale_format: ScaleFormat = "arbitrary_fp32"
     row_bytes: Literal[528, 656] = 656
     sparse_layers: int | None = Field(default=None, ge=0)
@@ -61,7 +61,10 @@ class ModelConfig(StrictModel):
                 f"num_heads = {self.num_heads} is not divisible by tensor_parallel = {self.tensor_parallel}"
             )
         if self.heads_per_gpu > 128:
-            raise ValueError(f"heads per GPU = {self.heads_per_gpu}; sparse MLA kernels take at most 128")
+            raise ValueError(
+                f"num_heads = {self.num_heads} / tensor_parallel = {self.tensor_parallel} gives "
+                f"{self.heads_per_gpu} heads per GPU; sparse MLA kernels take at most 128"
+            )
         if None not in (self.sparse_layers, self.num_layers) and self.sparse_layers > self.num_layers:
             raise ValueError(f"sparse_layers = {self.sparse_layers} exceeds num_layers = {self.num_layers}")
         return self

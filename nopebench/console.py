@@ -8,7 +8,15 @@ from collections.abc import Iterable, Sequence
 from contextlib import contextmanager
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 console = Console()
@@ -16,8 +24,12 @@ err_console = Console(stderr=True)
 
 
 def error_line(message: str) -> None:
-    """The one line a failed command prints (to stderr, no traceback)."""
-    err_console.print(f"[bold red]nopebench: error:[/] {message}", highlight=False, soft_wrap=True)
+    """The one line a failed command prints (to stderr, no traceback).
+
+    The message is escaped: paths, keys and values in it are data, and text such as '[/x]' in a
+    file name would otherwise be parsed as rich markup (and raise MarkupError).
+    """
+    err_console.print(f"[bold red]nopebench: error:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
 
 def fmt(value: object, digits: int = 4) -> str:
@@ -56,9 +68,13 @@ def print_json(data: object) -> None:
 
 @contextmanager
 def progress_bar(description: str, total: int | None, transient: bool = True):
-    """A progress bar on stderr; yields advance(label) to step it."""
+    """A progress bar on stderr; yields advance(label) to step it.
+
+    Shown only on a terminal: piped or captured, rich would still end the bar with a stray
+    blank line, so an error after it would no longer be the one line on stderr.
+    """
     columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
-    with Progress(*columns, console=err_console, transient=transient) as bar:
+    with Progress(*columns, console=err_console, transient=transient, disable=not err_console.is_terminal) as bar:
         task = bar.add_task(description, total=total)
 
         def advance(label: str | None = None) -> None:

@@ -22,7 +22,8 @@ def encode(values: np.ndarray) -> np.ndarray:
 
     Exponent and mantissa are taken with frexp, so every step is exact in float64.
     """
-    v = np.asarray(values, dtype=np.float32).astype(np.float64)
+    with np.errstate(invalid="ignore"):  # signalling NaNs widen quietly: they encode as NaN
+        v = np.asarray(values, dtype=np.float32).astype(np.float64)
     sign = np.signbit(v).astype(np.uint8) << 7
     a = np.abs(v)
     nan = np.isnan(a)

@@ -34,8 +34,8 @@ def _jsonable(value: Any) -> Any:
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
-    if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
-        return _jsonable(value.item())
+    if hasattr(value, "tolist") and callable(value.tolist):  # numpy / torch scalars and arrays
+        return _jsonable(value.tolist())
     if isinstance(value, Path):
         return str(value)
     return value
@@ -68,7 +68,8 @@ class RunDir:
     @classmethod
     def create(cls, kind: str, root: Path | None = None, command: list[str] | None = None) -> RunDir:
         root = Path(root) if root is not None else DEFAULT_RESULTS
-        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        # Microseconds, so that ids of runs started within one second still sort by time.
+        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
         run_id = f"{stamp}-{secrets.token_hex(3)}"
         path = root / kind / run_id
         path.mkdir(parents=True, exist_ok=False)

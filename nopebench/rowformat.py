@@ -83,8 +83,9 @@ def write_cache(
         raise ValueError(f"slot_mapping must be [T] with T = {kv_c.shape[0]}, got {tuple(slot_mapping.shape)}")
     if slot_mapping.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"slot_mapping must be int32 or int64, got {slot_mapping.dtype}")
-    if kv_c.device != cache.device or slot_mapping.device != cache.device:
-        raise ValueError(f"kv_c, k_pe, slot_mapping and cache must share a device, got {kv_c.device}, {slot_mapping.device}, {cache.device}")
+    devices = [t.device for t in (kv_c, k_pe, slot_mapping) if t is not None]
+    if any(d != cache.device for d in devices):
+        raise ValueError(f"kv_c, k_pe, slot_mapping and cache must share a device, got {[str(d) for d in devices]} and {cache.device}")
     rows = pack_rows(kv_c, k_pe, scale_format, row_bytes)
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
@@ -117,10 +118,17 @@ def dequantize_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | No
 
 
 def read_slots(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """Packed rows at the given physical slots: [N] -> [N, row_bytes] uint8."""
+    """Packed rows at the given physical slots: [N] -> [N, row_bytes] uint8.
+
+    Every slot must be in [0, capacity): a negative slot would silently wrap to the end of the
+    cache under Python indexing, so -1 entries must be filtered out by the caller.
+    """
     _check_cache(cache)
     flat = cache.view(-1, cache.shape[-1])
-    return flat[slots.long()]
+    slots = slots.long()
+    if slots.numel() and (int(slots.min()) < 0 or int(slots.max()) >= flat.shape[0]):
+        raise ValueError(f"slots must be in [0, {flat.shape[0]}), got min {int(slots.min())}, max {int(slots.max())}")
+    return flat[slots]
 
 
 def gather_upconvert(
