@@ -1,0 +1,292 @@
+"""`nopebench bench-cache`: throughput of the CUDA cache write and gather/upconvert kernels.
+
+For each token count and row kind (NoPE in 528- and 656-byte rows, RoPE in 656-byte rows) the
+runner first checks the kernels' output against the reference of record (rowformat on the
+CPU) and only then times them, with timing.time_gpu (CUDA graphs, input sets rotated past L2),
+next to the torch reference run on the same GPU (eager: it synchronises with the host).
+
+Bytes are the fewest each operation must move (geometry.cache_write_bytes, gather_bytes):
+the write reads bf16 latent (+ RoPE) and writes one packed row; the gather reads the part of
+the row it needs (528 bytes for NoPE, 656 with RoPE) and writes 576 bf16. GB/s are set
+against the device copy bandwidth measured in the same run.
+
+The torch reference is compared with the CPU reference too (`check_passed` on its rows): on
+CUDA, torch computes `amax / 448.0` as `amax * (1/448)`, so its arbitrary_fp32 scales can
+differ from the CPU's in the last bit; that is recorded, not hidden.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from nopebench import console as out
+from nopebench import geometry as g
+from nopebench import rowformat
+from nopebench.errors import EXIT_CHECK_FAILED, EXIT_OK, UnsupportedError, UsageError
+
+DEFAULT_TOKENS = "1024,4096,16384,65536,262144"
+QUICK_TOKENS = (4096, 65536)
+MAX_TOKENS = 1 << 22
+BLOCK_SIZE = 64
+TOKENS_PER_REQUEST = 4096  # the gather reads requests of this many context tokens
+SCALE_FORMAT = "arbitrary_fp32"
+BUDGET_S, QUICK_BUDGET_S = 0.4, 0.1
+TARGET_MIN_TOKENS, TARGET_PCT_COPY, TARGET_SPEEDUP = 65536, 60.0, 20.0  # issue 3's bar
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    rope_dim: int
+    row_bytes: int
+
+
+VARIANTS = (Variant("nope528", 0, g.NOPE_ROW_BYTES), Variant("nope656", 0, g.FULL_ROW_BYTES),
+            Variant("rope656", g.ROPE_DIM, g.FULL_ROW_BYTES))
+
+
+@dataclass
+class InputSet:
+    """One call's worth of inputs and outputs; several are rotated so L2 stays cold."""
+
+    kv_c: torch.Tensor
+    k_pe: torch.Tensor | None
+    slot_mapping: torch.Tensor
+    cache: torch.Tensor
+    block_table: torch.Tensor
+    workspace_starts: torch.Tensor
+    out: torch.Tensor
+
+
+def parse_tokens(tokens: str, quick: bool) -> tuple[int, ...]:
+    if quick and tokens == DEFAULT_TOKENS:
+        return QUICK_TOKENS
+    values: list[int] = []
+    for item in (p.strip() for p in tokens.split(",")):
+        if not item:
+            continue
+        if not item.isdigit() or not 1 <= int(item) <= MAX_TOKENS:
+            raise UsageError(f"--tokens {item!r}: expected integers in [1, {MAX_TOKENS}], comma-separated")
+        if int(item) not in values:
+            values.append(int(item))
+    if not values:
+        raise UsageError("--tokens: give at least one token count")
+    return tuple(values)
+
+
+def op_bytes(op: str, tokens: int, v: Variant) -> int:
+    if op == "write":
+        return g.cache_write_bytes(tokens, v.rope_dim, v.row_bytes)
+    return g.gather_bytes(tokens, g.row_bytes_read(v.rope_dim))
+
+
+# ---------------------------------------------------------------- inputs
+
+
+def make_set(tokens: int, v: Variant, gen: torch.Generator, dev: str = "cuda") -> InputSet:
+    """Random latents (normal times a per-token magnitude over 1e-2..1e2: never zero), tokens
+    written to randomly placed blocks as a serving engine's slot mapping does, and the block
+    table of the requests that read them back."""
+    buf = torch.randn(tokens, g.UPCONVERT_DIM, device=dev, generator=gen)
+    buf *= torch.pow(10.0, torch.rand(tokens, 1, device=dev, generator=gen) * 4 - 2)
+    buf = buf.to(torch.bfloat16)  # kv_c and k_pe are row slices of one projection output
+    blocks = -(-tokens // BLOCK_SIZE)
+    perm = torch.randperm(blocks, device=dev, generator=gen)
+    pos = torch.arange(tokens, device=dev)
+    slot_mapping = perm[pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE
+    per_req = TOKENS_PER_REQUEST // BLOCK_SIZE
+    requests = -(-tokens // TOKENS_PER_REQUEST)
+    padded = torch.full((requests * per_req,), -1, dtype=torch.int64, device=dev)
+    padded[:blocks] = perm
+    return InputSet(
+        kv_c=buf[:, : g.LATENT_DIM],
+        k_pe=buf[:, g.LATENT_DIM :] if v.rope_dim else None,
+        slot_mapping=slot_mapping,
+        cache=torch.zeros(blocks, BLOCK_SIZE, v.row_bytes, dtype=torch.uint8, device=dev),
+        block_table=padded.view(requests, per_req).to(torch.int32),
+        workspace_starts=torch.arange(requests, device=dev, dtype=torch.int32) * TOKENS_PER_REQUEST,
+        out=torch.empty(tokens, g.UPCONVERT_DIM, dtype=torch.bfloat16, device=dev),
+    )
+
+
+# ---------------------------------------------------------------- checks
+
+
+def check_against_cpu(s: InputSet, tokens: int, v: Variant) -> tuple[dict[str, str | None], dict[str, bool]]:
+    """Run the validated kernels and the GPU torch reference on one set, and compare both
+    with rowformat on the CPU (the reference of record).
+
+    Returns ({op: None or the kernel's mismatch}, {op: GPU reference == CPU reference}) and
+    leaves the kernel-written cache in s.cache. Each gather is compared on the same cache
+    bytes, so a write mismatch does not hide or cause a gather one.
+    """
+    from nopebench.cache_kernels import gather_upconvert, write_cache
+
+    k_pe = s.k_pe.cpu() if s.k_pe is not None else None
+    expected = torch.zeros(tuple(s.cache.shape), dtype=torch.uint8)
+    rowformat.write_cache(expected, s.kv_c.cpu(), k_pe, s.slot_mapping.cpu(), SCALE_FORMAT)
+    by_torch = torch.zeros_like(s.cache)
+    rowformat.write_cache(by_torch, s.kv_c, s.k_pe, s.slot_mapping, SCALE_FORMAT)
+    write_cache(s.cache, s.kv_c, s.k_pe, s.slot_mapping, SCALE_FORMAT)
+    got = s.cache.cpu()
+    expected_out = rowformat.gather_upconvert(got, s.block_table.cpu(), s.workspace_starts.cpu(), tokens, v.rope_dim).view(torch.int16)
+    out = gather_upconvert(s.cache, s.block_table, s.workspace_starts, tokens, v.rope_dim)
+    torch_out = rowformat.gather_upconvert(s.cache, s.block_table, s.workspace_starts, tokens, v.rope_dim)
+    errors = {"write": _diff("cache bytes", got, expected),
+              "gather": _diff("gathered bf16", out.cpu().view(torch.int16), expected_out)}
+    torch_exact = {"write": torch.equal(by_torch.cpu(), expected),
+                   "gather": torch.equal(torch_out.cpu().view(torch.int16), expected_out)}
+    return errors, torch_exact
+
+
+def _diff(what: str, got: torch.Tensor, expected: torch.Tensor) -> str | None:
+    bad = (got != expected).reshape(got.shape[0], -1).any(dim=1)
+    if not bool(bad.any()):
+        return None
+    return f"{what} differ from the CPU reference in {int(bad.sum())} of {bad.numel()} rows, first row {int(torch.nonzero(bad)[0])}"
+
+
+# ---------------------------------------------------------------- timing
+
+
+def calls_for(op: str, impl: str, sets: list[InputSet], tokens: int, v: Variant) -> list[Callable[[], object]]:
+    from nopebench.cache_kernels import gather_upconvert_into, write_cache_unchecked
+
+    def bind(s: InputSet) -> Callable[[], object]:
+        if op == "write" and impl == "cuda":
+            return lambda: write_cache_unchecked(s.cache, s.kv_c, s.k_pe, s.slot_mapping, SCALE_FORMAT)
+        if op == "write":
+            return lambda: rowformat.write_cache(s.cache, s.kv_c, s.k_pe, s.slot_mapping, SCALE_FORMAT)
+        if impl == "cuda":
+            return lambda: gather_upconvert_into(s.out, s.cache, s.block_table, s.workspace_starts, tokens, v.rope_dim)
+        return lambda: rowformat.gather_upconvert(s.cache, s.block_table, s.workspace_starts, tokens, v.rope_dim)
+
+    return [bind(s) for s in sets]
+
+
+def measure(tokens: int, v: Variant, budget_s: float, copy_gbps: float, l2_bytes: int | None,
+            device: str = "cuda") -> list[dict]:
+    """Rows for one (tokens, variant): both ops, both implementations, checked first."""
+    from nopebench import timing
+
+    gen = torch.Generator(device=device).manual_seed(tokens * 1000 + v.row_bytes + v.rope_dim)
+    per_set = min(op_bytes("write", tokens, v), op_bytes("gather", tokens, v))
+    sets = [make_set(tokens, v, gen, device) for _ in range(timing.rotation_count(per_set, l2_bytes))]
+    errors, torch_exact = check_against_cpu(sets[0], tokens, v)
+    for s in sets[1:]:  # every set's cache holds written rows before a gather reads it
+        fill_cache(s)
+    rows = []
+    for op in ("write", "gather"):
+        timings = {}
+        for impl in ("cuda", "torch"):
+            base = {"op": op, "variant": v.name, "rope_dim": v.rope_dim, "row_bytes": v.row_bytes, "tokens": tokens,
+                    "impl": impl, "scale_format": SCALE_FORMAT, "bytes": op_bytes(op, tokens, v), "input_sets": len(sets),
+                    "copy_gbps": copy_gbps, "check_passed": errors[op] is None if impl == "cuda" else torch_exact[op],
+                    "error": errors[op] if impl == "cuda" else None}
+            if impl == "cuda" and errors[op] is not None:
+                rows.append(base)
+                continue
+            # The reference synchronises with the host (no graph) and is slow: fewer samples.
+            t = timing.time_gpu(calls_for(op, impl, sets, tokens, v), budget_s=budget_s,
+                                min_samples=10 if impl == "cuda" else 5, use_graph=impl == "cuda")
+            timings[impl] = t.median_ms
+            gbps = base["bytes"] / (t.median_ms * 1e-3) / 1e9
+            rows.append({**base, **t.as_row(), "gbps": gbps, "pct_copy": 100 * gbps / copy_gbps})
+        for r in rows:
+            if r["op"] == op and r["impl"] == "cuda" and {"cuda", "torch"} <= set(timings):
+                r["speedup"] = timings["torch"] / timings["cuda"]
+    return rows
+
+
+def fill_cache(s: InputSet) -> None:
+    """Write a set's rows with the kernel (the same code path was checked on set 0)."""
+    from nopebench.cache_kernels import write_cache_unchecked
+
+    write_cache_unchecked(s.cache, s.kv_c, s.k_pe, s.slot_mapping, SCALE_FORMAT)
+
+
+# ---------------------------------------------------------------- the command
+
+
+def run_bench(tokens: tuple[int, ...], budget_s: float, progress: Callable[[str], None] | None = None) -> tuple[list[dict], dict]:
+    from nopebench.environment import gpu_info
+    from nopebench.timing import measure_ceilings
+
+    ceilings = measure_ceilings()
+    l2 = gpu_info().get("l2_bytes")
+    rows: list[dict] = []
+    for t in tokens:
+        for v in VARIANTS:
+            if progress:
+                progress(f"T={t} {v.name}")
+            try:
+                rows.extend(measure(t, v, budget_s, ceilings.copy_gbps, l2))
+            except Exception as exc:  # noqa: BLE001 - a failed size is a row, not a crash
+                message = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                rows.extend({"op": op, "variant": v.name, "rope_dim": v.rope_dim, "row_bytes": v.row_bytes, "tokens": t,
+                             "impl": impl, "error": message, "check_passed": False}
+                            for op in ("write", "gather") for impl in ("cuda", "torch"))
+            finally:
+                torch.cuda.empty_cache()
+    return rows, summarize(rows, ceilings.as_row())
+
+
+def summarize(rows: list[dict], ceilings: dict) -> dict:
+    cuda = [r for r in rows if r["impl"] == "cuda"]
+    at_target = [r for r in cuda if r["tokens"] >= TARGET_MIN_TOKENS]
+    targets = {f"{r['op']}/{r['variant']}/T{r['tokens']}": bool(
+        r.get("pct_copy", 0) >= TARGET_PCT_COPY and r.get("speedup", 0) >= TARGET_SPEEDUP) for r in at_target}
+    return {
+        **ceilings,
+        "checks_passed": all(r.get("check_passed") and not r.get("error") for r in cuda),
+        "errors": sum(bool(r.get("error")) for r in rows),
+        "targets": {"min_tokens": TARGET_MIN_TOKENS, "pct_copy": TARGET_PCT_COPY, "speedup": TARGET_SPEEDUP},
+        "targets_met": targets,
+        "all_targets_met": bool(targets) and all(targets.values()),
+    }
+
+
+def bench_cache_command(tokens: str, quick: bool, results_dir: Path | None, json_out: bool) -> int:
+    sizes = parse_tokens(tokens, quick)
+    if not torch.cuda.is_available():
+        raise UnsupportedError("bench-cache times CUDA kernels and needs a CUDA GPU; none is visible")
+    from nopebench.cache_kernels.library import load_library
+    from nopebench.records import RunDir, write_csv, write_json
+
+    load_library(torch.device("cuda"))  # build (or load) before anything is timed
+    run = RunDir.create("bench-cache", results_dir)
+    with out.progress_bar("bench-cache", total=len(sizes) * len(VARIANTS)) as advance:
+        rows, summary = run_bench(sizes, QUICK_BUDGET_S if quick else BUDGET_S, advance)
+    rows = [{"run_id": run.run_id, **r} for r in rows]
+    write_csv(run.file("results.csv"), rows)
+    write_json(run.file("results.json"), {"summary": summary, "rows": rows})
+    passed = summary["checks_passed"] and not summary["errors"]
+    run.finish("passed" if passed else "failed", summary)
+    print_table(rows, summary)
+    out.console.print(f"results: {run.path}")
+    if json_out:
+        out.print_json(rows)
+    return EXIT_OK if passed else EXIT_CHECK_FAILED
+
+
+def print_table(rows: list[dict], summary: dict) -> None:
+    torch_rows = {(r["op"], r["variant"], r["tokens"]): r for r in rows if r["impl"] == "torch"}
+    table_rows = []
+    for r in (r for r in rows if r["impl"] == "cuda"):
+        ref = torch_rows.get((r["op"], r["variant"], r["tokens"]), {})
+        check = out.verdict(bool(r.get("check_passed")) and not r.get("error"))
+        table_rows.append((r["op"], r["variant"], r["tokens"], r.get("median_ms"), r.get("gbps"), r.get("pct_copy"),
+                           ref.get("gbps"), r.get("speedup"), check, ref.get("check_passed"), r.get("error") or ""))
+    columns = ["op", "rows", "T", "cuda ms", "cuda GB/s", "% copy", "torch GB/s", "speed-up", "cuda = ref",
+               "torch gpu = ref", "error"]
+    title = f"bench-cache: copy {summary['copy_gbps']:.0f} GB/s (read + write)"
+    out.console.print(out.table(title, columns, table_rows))
+    met = summary["targets_met"]
+    if met:
+        missed = [k for k, ok in met.items() if not ok]
+        line = "all met" if not missed else f"missed: {', '.join(missed)}"
+        out.console.print(f"targets at T >= {TARGET_MIN_TOKENS} (>= {TARGET_PCT_COPY:.0f}% of copy, >= {TARGET_SPEEDUP:.0f}x torch): {line}")

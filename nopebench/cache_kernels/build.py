@@ -1,0 +1,330 @@
+"""Compile kernels/ into a plain CUDA shared library, cached by what decides the binary.
+
+A plain library (extern "C" launchers, no torch headers) is the binding that compiles on the
+CPU-only CI machines (CONTEXT.md section 7). One library per target architecture lives in
+`build/kernels/<target>-<hash>/`, where the hash covers the sources, the flags, the nvcc
+version and the target: an unchanged tree never calls nvcc again, and a changed one never
+loads a stale binary. Each directory is built under a temporary name and renamed into place,
+so an interrupted or concurrent build never leaves a half-written library behind.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from functools import cache
+from pathlib import Path
+
+from nopebench.config import REPO_ROOT
+from nopebench.errors import UnsupportedError, UsageError
+
+SOURCE_DIR = REPO_ROOT / "kernels"
+LIBRARY_SOURCE = "cache_kernels.cu"
+DEFAULT_ROOT = REPO_ROOT / "build" / "kernels"
+LIBRARY_NAME = "libnopecache.so"
+BUILD_RECORD = "build.json"
+COMPILE_ONLY_TARGETS = ("sm_90a", "sm_100a", "sm_120a")
+# Never fast math: the kernels must be bit-exact with the reference, which needs an IEEE
+# divide, subnormals kept (no flush to zero) and no multiply-add contraction.
+NVCC_FLAGS = (
+    "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC",
+    "-ftz=false", "-prec-div=true", "-prec-sqrt=true", "-fmad=false",
+    "-lineinfo", "-Xptxas", "-v",
+)
+TARGET_RE = re.compile(r"^sm_(\d{2,3})([af]?)$")
+# Capabilities whose architecture-specific ("a") target the kernels are built for.
+ARCH_SPECIFIC = {(9, 0): "sm_90a", (10, 0): "sm_100a", (12, 0): "sm_120a"}
+
+
+class BuildError(UsageError):
+    """nvcc failed. The message is one line; `log` holds the compiler's full output."""
+
+    def __init__(self, summary: str, log: str, log_path: Path | None) -> None:
+        super().__init__(summary)
+        self.log = log
+        self.log_path = log_path
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    nvcc: Path
+    version_text: str  # full `nvcc --version` output: part of the build hash
+
+    @property
+    def release(self) -> str:
+        m = re.search(r"release (\d+\.\d+)", self.version_text)
+        return m.group(1) if m else "unknown"
+
+
+@dataclass(frozen=True)
+class KernelResources:
+    """One kernel's line of ptxas -v: what limits its occupancy and whether it spills."""
+
+    kernel: str
+    registers: int
+    spill_stores: int
+    spill_loads: int
+    stack_bytes: int
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    target: str
+    library: Path
+    digest: str
+    cached: bool
+    seconds: float
+    resources: tuple[KernelResources, ...]
+
+    @property
+    def directory(self) -> Path:
+        return self.library.parent
+
+
+# ---------------------------------------------------------------- toolchain and targets
+
+
+def find_nvcc() -> Path | None:
+    """nvcc from $CUDA_HOME, then PATH, then the newest /usr/local/cuda*/bin."""
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home and (Path(home) / "bin" / "nvcc").is_file():
+        return Path(home) / "bin" / "nvcc"
+    on_path = shutil.which("nvcc")
+    if on_path:
+        return Path(on_path)
+    candidates = sorted(Path("/usr/local").glob("cuda*/bin/nvcc"), key=_version_key, reverse=True)
+    return candidates[0] if candidates else None
+
+
+def _version_key(path: Path) -> tuple[int, ...]:
+    numbers = re.findall(r"\d+", path.parent.parent.name)
+    return tuple(int(n) for n in numbers) or (0,)
+
+
+@cache
+def _version_text(nvcc: Path) -> str:
+    proc = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True, timeout=60)
+    if proc.returncode != 0:
+        raise UnsupportedError(f"{nvcc} --version failed (exit {proc.returncode}): {proc.stderr.strip()[:200]}")
+    return proc.stdout.strip()
+
+
+def toolchain() -> Toolchain:
+    nvcc = find_nvcc()
+    if nvcc is None:
+        raise UnsupportedError("nvcc not found: set CUDA_HOME or put nvcc on PATH (CUDA 12.8+ builds sm_90a, sm_100a, sm_120a)")
+    return Toolchain(nvcc=nvcc, version_text=_version_text(nvcc))
+
+
+def target_for_capability(major: int, minor: int) -> str:
+    """The target to build for a GPU: the architecture-specific one where the kernels have it."""
+    return ARCH_SPECIFIC.get((major, minor), f"sm_{major}{minor}")
+
+
+def parse_targets(arch: str) -> tuple[str, ...]:
+    """'sm_90a, sm_120a' -> ('sm_90a', 'sm_120a'); UsageError names the bad entry."""
+    targets: list[str] = []
+    for item in (part.strip() for part in arch.split(",")):
+        if not item:
+            continue
+        if not TARGET_RE.match(item):
+            raise UsageError(f"--arch {item!r}: expected targets like sm_90a, sm_100a, sm_120a or sm_89, comma-separated")
+        if item not in targets:
+            targets.append(item)
+    if not targets:
+        raise UsageError("--arch: give at least one target, e.g. sm_90a")
+    return tuple(targets)
+
+
+def gencode(target: str) -> tuple[str, ...]:
+    m = TARGET_RE.match(target)
+    if not m:
+        raise UsageError(f"not a build target: {target!r}")
+    arch = m.group(1) + m.group(2)
+    return ("-gencode", f"arch=compute_{arch},code=sm_{arch}")
+
+
+# ---------------------------------------------------------------- the cache key
+
+
+def source_files(source_dir: Path = SOURCE_DIR) -> list[Path]:
+    """The library's translation unit and every header beside it (all can change the binary)."""
+    main = source_dir / LIBRARY_SOURCE
+    if not main.is_file():
+        raise UsageError(f"{main}: kernel source not found")
+    return [main, *sorted(source_dir.glob("*.cuh"))]
+
+
+def build_digest(sources: Sequence[Path], flags: Sequence[str], toolchain_text: str, target: str) -> str:
+    h = hashlib.sha256()
+    for part in (target, toolchain_text, "\0".join(flags)):
+        h.update(part.encode())
+        h.update(b"\0")
+    for path in sources:
+        h.update(path.name.encode() + b"\0")
+        h.update(path.read_bytes())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------- building
+
+
+def build_library(
+    target: str,
+    *,
+    root: Path = DEFAULT_ROOT,
+    source_dir: Path = SOURCE_DIR,
+    force: bool = False,
+    tools: Toolchain | None = None,
+) -> BuildResult:
+    """The library for `target`: from the cache when its hash matches, else compiled now."""
+    tools = tools or toolchain()
+    sources = source_files(source_dir)
+    flags = (*NVCC_FLAGS, *gencode(target))
+    digest = build_digest(sources, flags, tools.version_text, target)
+    final = Path(root) / f"{target}-{digest[:16]}"
+    if not force:
+        cached = _read_record(final)
+        if cached is not None:
+            return cached
+    Path(root).mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{target}-", dir=root))
+    try:
+        result = _compile(target, digest, flags, sources, source_dir, tools, work, final)
+        if final.exists() and (force or _read_record(final) is None):
+            shutil.rmtree(final)  # replaced on --force, or an incomplete directory
+        try:
+            os.replace(work, final)
+        except OSError:  # a concurrent build of the same hash finished first: use it
+            cached = _read_record(final)
+            if cached is None:
+                raise
+            return cached
+        return BuildResult(target, final / LIBRARY_NAME, digest, False, result.seconds, result.resources)
+    finally:
+        if work.exists():
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def build_libraries(
+    targets: Sequence[str],
+    *,
+    root: Path = DEFAULT_ROOT,
+    source_dir: Path = SOURCE_DIR,
+    force: bool = False,
+    on_done: Callable[[str], None] | None = None,
+) -> list[BuildResult]:
+    """Build several targets in parallel (nvcc is single-threaded); results in target order."""
+    tools = toolchain()
+
+    def one(target: str) -> BuildResult:
+        result = build_library(target, root=root, source_dir=source_dir, force=force, tools=tools)
+        if on_done:
+            on_done(target)
+        return result
+
+    with ThreadPoolExecutor(max_workers=max(1, len(targets))) as pool:
+        futures = [pool.submit(one, t) for t in targets]
+        return [f.result() for f in futures]
+
+
+def _compile(target: str, digest: str, flags: Sequence[str], sources: Sequence[Path], source_dir: Path,
+             tools: Toolchain, work: Path, final: Path) -> BuildResult:
+    cmd = [str(tools.nvcc), *flags, "-I", str(source_dir), "-o", str(work / LIBRARY_NAME), str(source_dir / LIBRARY_SOURCE)]
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired as exc:
+        raise BuildError(f"nvcc for {target} did not finish in {exc.timeout:.0f} s", "", None) from None
+    seconds = time.perf_counter() - start
+    log = (proc.stdout + proc.stderr).strip()
+    if proc.returncode != 0:
+        log_path = Path(final.parent) / f"failed-{target}.log"
+        log_path.write_text(f"$ {' '.join(cmd)}\n{log}\n", encoding="utf-8")
+        raise BuildError(f"nvcc failed for {target} (exit {proc.returncode}): {first_error(log)} (full log: {log_path})", log, log_path)
+    resources = parse_ptxas(log)
+    (work / "nvcc.log").write_text(f"$ {' '.join(cmd)}\n{log}\n", encoding="utf-8")
+    record = {
+        "target": target,
+        "digest": digest,
+        "library": LIBRARY_NAME,
+        "seconds": seconds,
+        "nvcc": str(tools.nvcc),
+        "nvcc_release": tools.release,
+        "flags": list(flags),
+        "sources": [p.name for p in sources],
+        "resources": [asdict(r) for r in resources],
+        "built_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    (work / BUILD_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    return BuildResult(target, work / LIBRARY_NAME, digest, False, seconds, resources)
+
+
+def _read_record(directory: Path) -> BuildResult | None:
+    """A finished build in `directory`, or None when there is none (or it is incomplete)."""
+    record_path = directory / BUILD_RECORD
+    library = directory / LIBRARY_NAME
+    if not (record_path.is_file() and library.is_file()):
+        return None
+    try:
+        record = json.loads(record_path.read_text(encoding="utf-8"))
+        resources = tuple(KernelResources(**r) for r in record["resources"])
+        return BuildResult(record["target"], library, record["digest"], True, float(record["seconds"]), resources)
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def first_error(log: str) -> str:
+    """The compiler's first error line (or its last line), for a one-line summary."""
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    for line in lines:
+        if "error" in line.lower():
+            return line
+    return lines[-1] if lines else "no output"
+
+
+_ENTRY = re.compile(r"Compiling entry function '([^']+)'")
+_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers")
+
+
+def parse_ptxas(log: str) -> tuple[KernelResources, ...]:
+    """Per-kernel registers, spills and stack from `-Xptxas -v` output."""
+    found: list[KernelResources] = []
+    name, frame = None, (0, 0, 0)
+    for line in log.splitlines():
+        if m := _ENTRY.search(line):
+            name, frame = m.group(1), (0, 0, 0)
+        elif (m := _FRAME.search(line)) and name:
+            frame = (int(m.group(1)), int(m.group(2)), int(m.group(3)))
+        elif (m := _USED.search(line)) and name:
+            found.append(KernelResources(kernel_label(name), int(m.group(1)), frame[1], frame[2], frame[0]))
+            name = None
+    return tuple(found)
+
+
+_INDEX_TYPES = {"i": "int32", "l": "int64"}
+
+
+def kernel_label(mangled: str) -> str:
+    """'_ZN9nopecache30concat_and_cache_ds_mla_kernelIlEEv...' -> 'concat_and_cache_ds_mla_kernel<int64>'."""
+    m = re.match(r"_ZN9nopecache(\d+)", mangled)
+    if not m:
+        return mangled
+    start = m.end()
+    name = mangled[start : start + int(m.group(1))]
+    rest = mangled[start + len(name) :]
+    if rest.startswith("I") and len(rest) > 1:
+        return f"{name}<{_INDEX_TYPES.get(rest[1], rest[1])}>"
+    return name

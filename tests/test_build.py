@@ -1,0 +1,210 @@
+"""`nopebench build`: targets, the hash-keyed cache (a second build never calls nvcc), the
+compiler's message on failure, and the real compile-only build of all three targets."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from nopebench.cache_kernels import build as b
+from nopebench.cache_kernels import command
+from nopebench.cache_kernels.library import ABI_VERSION, declare
+from nopebench.cli import app
+from nopebench.errors import UnsupportedError, UsageError
+
+HAS_NVCC = b.find_nvcc() is not None
+needs_nvcc = pytest.mark.skipif(not HAS_NVCC, reason="nvcc not found")
+
+FAKE_NVCC = """#!/usr/bin/env bash
+# Stands in for nvcc: counts its compile calls, writes the -o file, prints ptxas-style lines.
+if [ "$1" = "--version" ]; then echo "Cuda compilation tools, release 13.0, V13.0.0 (fake)"; exit 0; fi
+echo call >> "{counter}"
+out=""; prev=""
+for a in "$@"; do [ "$prev" = "-o" ] && out="$a"; prev="$a"; done
+echo "not a library" > "$out"
+cat >&2 <<'EOF'
+ptxas info    : Compiling entry function '_ZN9nopecache30concat_and_cache_ds_mla_kernelIlEEvPhli' for 'sm_90a'
+ptxas info    : Function properties for _ZN9nopecache30concat_and_cache_ds_mla_kernelIlEEvPhli
+    8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads
+ptxas info    : Used 32 registers, used 0 barriers
+ptxas info    : Compiling entry function '_ZN9nopecache23gather_upconvert_kernelEPKhli' for 'sm_90a'
+ptxas info    : Function properties for _ZN9nopecache23gather_upconvert_kernelEPKhli
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 40 registers, used 0 barriers
+EOF
+"""
+
+
+@pytest.fixture
+def fake_tools(tmp_path: Path) -> tuple[b.Toolchain, Path, Path]:
+    """(toolchain with a counting fake nvcc, its call counter, a source dir copy)."""
+    counter = tmp_path / "calls"
+    nvcc = tmp_path / "bin" / "nvcc"
+    nvcc.parent.mkdir()
+    nvcc.write_text(FAKE_NVCC.format(counter=counter))
+    nvcc.chmod(nvcc.stat().st_mode | stat.S_IEXEC)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / b.LIBRARY_SOURCE).write_text("// kernel\n")
+    (src / "numerics.cuh").write_text("// header\n")
+    return b.Toolchain(nvcc, "Cuda compilation tools, release 13.0 (fake)"), counter, src
+
+
+def calls(counter: Path) -> int:
+    return len(counter.read_text().splitlines()) if counter.exists() else 0
+
+
+# ---------------------------------------------------------------- targets
+
+
+@pytest.mark.parametrize(("cap", "target"), [((9, 0), "sm_90a"), ((10, 0), "sm_100a"), ((12, 0), "sm_120a"),
+                                             ((8, 9), "sm_89"), ((10, 3), "sm_103"), ((12, 1), "sm_121")])
+def test_target_for_capability(cap, target):
+    assert b.target_for_capability(*cap) == target
+
+
+def test_parse_targets_dedupes_and_rejects():
+    assert b.parse_targets(" sm_90a,sm_120a , sm_90a") == ("sm_90a", "sm_120a")
+    for bad in ("sm_9", "90a", "sm_90b", "compute_90a", " , "):
+        with pytest.raises(UsageError):
+            b.parse_targets(bad)
+
+
+def test_gencode_names_the_architecture_specific_target():
+    assert b.gencode("sm_100a") == ("-gencode", "arch=compute_100a,code=sm_100a")
+    assert b.gencode("sm_89") == ("-gencode", "arch=compute_89,code=sm_89")
+
+
+def test_find_nvcc_prefers_cuda_home(tmp_path, monkeypatch):
+    nvcc = tmp_path / "bin" / "nvcc"
+    nvcc.parent.mkdir()
+    nvcc.write_text("#!/bin/sh\n")
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+    assert b.find_nvcc() == nvcc
+
+
+def test_flags_never_use_fast_math():
+    flags = " ".join(b.NVCC_FLAGS)
+    assert "fast-math" not in flags and "-ftz=false" in flags and "-prec-div=true" in flags
+
+
+# ---------------------------------------------------------------- the cache
+
+
+def test_second_build_does_not_call_nvcc(tmp_path, fake_tools):
+    tools, counter, src = fake_tools
+    first = b.build_library("sm_90a", root=tmp_path / "root", source_dir=src, tools=tools)
+    second = b.build_library("sm_90a", root=tmp_path / "root", source_dir=src, tools=tools)
+    assert calls(counter) == 1
+    assert not first.cached and second.cached
+    assert first.library == second.library and second.library.is_file()
+    assert [d.name for d in (tmp_path / "root").iterdir()] == [first.directory.name]  # no temp dirs left
+
+
+def test_changed_source_flags_target_or_force_rebuild(tmp_path, fake_tools, monkeypatch):
+    tools, counter, src = fake_tools
+    root = tmp_path / "root"
+    first = b.build_library("sm_90a", root=root, source_dir=src, tools=tools)
+    (src / "numerics.cuh").write_text("// header, changed\n")
+    second = b.build_library("sm_90a", root=root, source_dir=src, tools=tools)
+    assert calls(counter) == 2 and second.digest != first.digest
+    b.build_library("sm_120a", root=root, source_dir=src, tools=tools)
+    assert calls(counter) == 3
+    forced = b.build_library("sm_90a", root=root, source_dir=src, tools=tools, force=True)
+    assert calls(counter) == 4 and not forced.cached and forced.digest == second.digest
+    monkeypatch.setattr(b, "NVCC_FLAGS", (*b.NVCC_FLAGS, "-DEXTRA"))
+    b.build_library("sm_90a", root=root, source_dir=src, tools=tools)
+    assert calls(counter) == 5
+    newer = b.Toolchain(tools.nvcc, tools.version_text + " update 1")
+    b.build_library("sm_90a", root=root, source_dir=src, tools=newer)
+    assert calls(counter) == 6
+
+
+def test_ptxas_resources_are_recorded(tmp_path, fake_tools):
+    tools, _, src = fake_tools
+    built = b.build_library("sm_90a", root=tmp_path / "root", source_dir=src, tools=tools)
+    cached = b.build_library("sm_90a", root=tmp_path / "root", source_dir=src, tools=tools)
+    expected = (b.KernelResources("concat_and_cache_ds_mla_kernel<int64>", 32, 4, 4, 8),
+                b.KernelResources("gather_upconvert_kernel", 40, 0, 0, 0))
+    assert built.resources == expected and cached.resources == expected
+    assert "Used 32 registers" in (built.directory / "nvcc.log").read_text()
+
+
+def test_incomplete_build_dir_is_not_trusted(tmp_path, fake_tools):
+    tools, counter, src = fake_tools
+    first = b.build_library("sm_90a", root=tmp_path / "root", source_dir=src, tools=tools)
+    (first.directory / b.BUILD_RECORD).unlink()
+    b.build_library("sm_90a", root=tmp_path / "root", source_dir=src, tools=tools)
+    assert calls(counter) == 2
+
+
+# ---------------------------------------------------------------- failures
+
+
+@needs_nvcc
+def test_compiler_error_is_one_line_plus_the_full_log(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / b.LIBRARY_SOURCE).write_text('extern "C" int f() { return undefined_name; }\n')
+    with pytest.raises(b.BuildError) as info:
+        b.build_library("sm_90a", root=tmp_path / "root", source_dir=src)
+    err = info.value
+    assert "\n" not in str(err) and "nvcc failed for sm_90a" in str(err) and "undefined_name" in str(err)
+    assert "undefined_name" in err.log and err.log_path.is_file()
+    assert not list((tmp_path / "root").glob("sm_90a-*"))  # nothing cached for a failed build
+
+
+def test_build_command_prints_compiler_output_then_raises(monkeypatch, capsys):
+    def failing(*args, **kwargs):
+        raise b.BuildError("nvcc failed for sm_90a (exit 1): x.cu(3): error: boom", "x.cu(3): error: boom\n1 error detected", None)
+
+    monkeypatch.setattr(command, "build_libraries", failing)
+    with pytest.raises(UsageError, match="nvcc failed for sm_90a"):
+        command.build_command(arch=None, compile_only=True, force=False)
+    assert "1 error detected" in capsys.readouterr().err
+
+
+def test_build_without_gpu_needs_compile_only(monkeypatch):
+    monkeypatch.setattr(command, "_local_target", lambda: None)
+    with pytest.raises(UnsupportedError, match="--compile-only"):
+        command.build_command(arch=None, compile_only=False, force=False)
+
+
+def test_cli_rejects_a_bad_arch_with_exit_2():
+    result = CliRunner().invoke(app, ["build", "--compile-only", "--arch", "sm_9x"])
+    assert result.exit_code == 2
+    assert "sm_9x" in result.output
+
+
+def test_missing_nvcc_is_unsupported(monkeypatch):
+    monkeypatch.setattr(b, "find_nvcc", lambda: None)
+    with pytest.raises(UnsupportedError, match="nvcc not found"):
+        b.toolchain()
+
+
+# ---------------------------------------------------------------- the real compile-only build
+
+
+@needs_nvcc
+def test_compile_only_builds_three_loadable_libraries(capsys):
+    """What `make ci` runs: sm_90a, sm_100a and sm_120a, each a shared library whose embedded
+    device code is for its target and whose C ABI answers (no GPU needed to load it)."""
+    assert command.build_command(arch=None, compile_only=True, force=False) == 0
+    table = capsys.readouterr().out
+    results = b.build_libraries(b.COMPILE_ONLY_TARGETS)  # cached now: no nvcc call
+    assert all(r.cached for r in results)
+    for r in results:
+        assert r.target in table
+        data = r.library.read_bytes()
+        assert data[:4] == b"\x7fELF"
+        assert f"-arch {r.target}".encode() in data
+        lib = declare(ctypes.CDLL(os.fspath(r.library)))
+        assert lib.nopecache_abi_version() == ABI_VERSION
+        assert {k.kernel for k in r.resources} == {
+            "concat_and_cache_ds_mla_kernel<int32>", "concat_and_cache_ds_mla_kernel<int64>", "gather_upconvert_kernel"}
+        assert all(k.spill_stores <= 8 for k in r.resources)  # a big spill would be a regression
