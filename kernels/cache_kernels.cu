@@ -222,6 +222,16 @@ __global__ void __launch_bounds__(kThreads, kGatherMinBlocks) gather_upconvert_k
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0u; }
 
+// Make `device` this thread's current device in this library's runtime (it keeps its own,
+// apart from torch's). Only calls cudaSetDevice when it changes, so a launch inside a CUDA
+// graph capture makes no call beyond the launch itself in the usual single-GPU case.
+inline cudaError_t use_device(int device) {
+  int current = -1;
+  cudaError_t err = cudaGetDevice(&current);
+  if (err != cudaSuccess || current == device) return err;
+  return cudaSetDevice(device);
+}
+
 constexpr int64_t kMaxGrid = 0x7fffffff;  // gridDim.x limit
 
 }  // namespace nopecache
@@ -254,7 +264,7 @@ int nopecache_concat_and_cache_ds_mla(void* cache, int64_t num_slots, int row_by
     return cudaErrorInvalidValue;
   if (tokens == 0) return cudaSuccess;
   if ((tokens + kWarpsPerBlock - 1) / kWarpsPerBlock > kMaxGrid) return cudaErrorInvalidValue;
-  cudaError_t err = cudaSetDevice(device);
+  cudaError_t err = use_device(device);
   if (err != cudaSuccess) return err;
   const bool kv_vec = aligned16(kv_c) && (kv_stride % 8) == 0;
   const bool pe_vec = k_pe != nullptr && aligned16(k_pe) && (pe_stride % 8) == 0;
@@ -291,7 +301,7 @@ int nopecache_gather_upconvert(const void* cache, int64_t num_blocks, int block_
   if (total_rows == 0) return cudaSuccess;
   constexpr int64_t rows_per_block = static_cast<int64_t>(kWarpsPerBlock) * kGatherRowsPerWarp;
   if ((total_rows + rows_per_block - 1) / rows_per_block > kMaxGrid) return cudaErrorInvalidValue;
-  cudaError_t err = cudaSetDevice(device);
+  cudaError_t err = use_device(device);
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>((total_rows + rows_per_block - 1) / rows_per_block));
   int block_shift = -1;  // log2(block_size) when it is a power of two
