@@ -1,0 +1,137 @@
+"""`nopebench gsm8k`: check the inputs, start or check the server, evaluate, record, judge.
+
+Everything that can be wrong before a single request (config, local data, the run to resume,
+a given server that is down, a dataset that cannot be loaded) fails in one line with exit 2
+and writes nothing. From then on the run has a directory; a failure there is recorded in its
+run.json with the command that resumes it. The exit code is 0 when strict-match reaches the
+config's threshold and 1 below it.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import yaml
+
+from nopebench import console as out
+from nopebench.config import resolve_config_path
+from nopebench.errors import EXIT_CHECK_FAILED, EXIT_OK, UsageError
+from nopebench.gsm8k.config import Gsm8kConfig, load_gsm8k_config
+from nopebench.gsm8k.data import (
+    TASK_NAME,
+    LocalData,
+    check_local_data,
+    load_task,
+    problem_count,
+    task_yaml,
+    write_task_dir,
+)
+from nopebench.gsm8k.evaluate import CACHE_FILE, EvaluationFailed, Outcome, run_lm_eval
+from nopebench.gsm8k.progress import quiet_third_party_progress
+from nopebench.gsm8k.resume import (
+    cached_answers,
+    copy_cache,
+    previous_cache,
+    resume_command,
+    save_config,
+)
+from nopebench.gsm8k.server import LaunchedServer, check_port_free, check_server, launched_server
+from nopebench.gsm8k.summary import print_summary, sample_rows, summarize, to_jsonable, write_jsonl
+from nopebench.records import RunDir, write_json
+
+SERVER_LOG = "server.log"
+
+
+def gsm8k_command(config: str, base_url: str | None, limit: int | None, data: Path | None,
+                  resume: Path | None, results_dir: Path | None) -> int:
+    with quiet_third_party_progress() as added_env:  # before lm-eval (and its tqdm) is imported
+        cfg, local, previous = _preflight(config, base_url, limit, data, resume)
+        with tempfile.TemporaryDirectory(prefix="nopebench-gsm8k-") as task_dir:
+            manager, task = load_task(write_task_dir(Path(task_dir), cfg.data, local), cfg.data, local)
+            total = min(problem_count(task), cfg.limit or problem_count(task))
+            run = _start_run(cfg, local, config, resume, previous, results_dir)
+            hint = resume_command(config, base_url, limit, data, results_dir, run.path)
+            outcome = _evaluate_recorded(cfg, task, manager, total, run, hint, added_env)
+        return _record(cfg, run, outcome, local)
+
+
+def _preflight(config: str, base_url: str | None, limit: int | None, data: Path | None,
+               resume: Path | None) -> tuple[Gsm8kConfig, LocalData | None, Path | None]:
+    """Every check that needs no run directory: a failure here writes nothing."""
+    cfg = load_gsm8k_config(config, base_url, limit, data)
+    local = check_local_data(cfg.data.dir) if cfg.data.dir is not None else None
+    previous = previous_cache(resume, cfg) if resume is not None else None
+    if cfg.server.launch is None:
+        check_server(cfg.server.base_url, cfg.model)
+    else:
+        check_port_free(cfg.server.base_url)
+    return cfg, local, previous
+
+
+def _start_run(cfg: Gsm8kConfig, local: LocalData | None, config: str, resume: Path | None,
+               previous: Path | None, results_dir: Path | None) -> RunDir:
+    """A fresh run directory with the effective config, the task, and a resumed run's answers."""
+    run = RunDir.create("gsm8k", results_dir)
+    save_config(run.path, cfg, str(resolve_config_path(config, "gsm8k")), resume)
+    run.file("task.yaml").write_text(yaml.safe_dump(task_yaml(cfg.data, local), sort_keys=False), encoding="utf-8")
+    if previous is not None:
+        copy_cache(previous, run.path)
+        out.console.print(f"resuming {resume}: {cached_answers(run.file(CACHE_FILE))} finished answers reused")
+    return run
+
+
+def _evaluate_recorded(cfg: Gsm8kConfig, task, manager, total: int, run: RunDir, hint: str,
+                       added_env: bool) -> Outcome:
+    """Evaluate; a failure or Ctrl-C is written to run.json with the answers kept and the hint."""
+    try:
+        return _evaluate(cfg, task, manager, total, run, hint, added_env)
+    except KeyboardInterrupt:
+        kept = cached_answers(run.file(CACHE_FILE))
+        run.finish("interrupted", {"error": "interrupted", "answers_kept": kept, "total": total, "resume": hint})
+        out.err_console.print(f"interrupted with {kept} of {total} answers kept; resume with: {hint}",
+                              highlight=False, soft_wrap=True)
+        raise
+    except UsageError as exc:
+        run.finish("error", {"error": str(exc), "answers_kept": cached_answers(run.file(CACHE_FILE)),
+                             "total": total, "resume": hint})
+        raise
+
+
+@contextmanager
+def _server(cfg: Gsm8kConfig, run: RunDir, added_env: bool) -> Iterator[LaunchedServer | None]:
+    """The launched server for the evaluation, or nothing when the config names a running one."""
+    launch = cfg.server.launch
+    if launch is None:
+        yield None
+        return
+    env = {k: v for k, v in os.environ.items() if not (added_env and k == "TQDM_DISABLE")}
+    env.update(launch.env)
+    with launched_server(launch, cfg.server.base_url, cfg.model, run.file(SERVER_LOG), env) as server:
+        yield server
+
+
+def _evaluate(cfg: Gsm8kConfig, task, manager, total: int, run: RunDir, hint: str, added_env: bool) -> Outcome:
+    with _server(cfg, run, added_env) as server:
+        try:
+            return run_lm_eval(cfg, task, manager, total, run.path)
+        except EvaluationFailed as exc:
+            kept = cached_answers(run.path / CACHE_FILE)
+            message = f"GSM8K stopped with {kept} of {total} answers kept: {exc.reason}"
+            if server is not None:
+                message += f"; {server.describe_failure()}"
+            raise UsageError(f"{message}; resume with: {hint}") from None
+
+
+def _record(cfg: Gsm8kConfig, run: RunDir, outcome: Outcome, local: LocalData | None) -> int:
+    rows = sample_rows(outcome.results["samples"][TASK_NAME])
+    summary = summarize(cfg, outcome.results, rows, outcome.wall_s, outcome.asked, outcome.from_cache, outcome.retries)
+    summary["data"] = str(local.dir) if local is not None else f"{cfg.data.hub_path} ({cfg.data.hub_name})"
+    write_json(run.file("results.json"), {"summary": summary, "lm_eval": to_jsonable(outcome.results)})
+    write_jsonl(run.file("samples.jsonl"), rows)
+    run.finish("passed" if summary["passed"] else "failed", summary)
+    print_summary(cfg, summary, run.path)
+    return EXIT_OK if summary["passed"] else EXIT_CHECK_FAILED
