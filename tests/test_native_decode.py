@@ -62,6 +62,8 @@ INTERPRETER_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the strict GPU grid below runs instead "
+                    "(Triton 3.6's interpreter, on the H200 image, fails on this kernel's loop bounds)")
 def test_kernel_logic_in_triton_interpreter(tmp_path):
     """Masking, -1 anywhere, empty rows, head padding, split-K and its combine, RoPE lanes and
     the factored variant, all on CPU. The interpreter truncates bf16 conversions (GPU rounds to

@@ -87,7 +87,11 @@ def build_problem(case: PaddingCase, device: torch.device) -> DecodeProblem:
     seq_len = logical_blocks * bs
     num_blocks = REQUESTS * logical_blocks + 1  # + the poisoned block
     slots = (num_blocks - 1) * bs
-    kv_c = (torch.randn(slots, g.LATENT_DIM, generator=gen) * 2).to(torch.bfloat16)
+    # FlashMLA's test distribution (latent N(0, 1), queries N(0, 1) clamped to [-1, 1]), which the
+    # element rule abs 1e-3 / rel 2/128 was set for: every flash kernel rounds softmax weights to
+    # bf16 before P @ V, and with sharper attention FlashInfer's own fa3 misses that rule too
+    # (measured on the H200, results/reference/), while the cosine check still passes.
+    kv_c = torch.randn(slots, g.LATENT_DIM, generator=gen).to(torch.bfloat16)
     k_pe = torch.randn(slots, g.ROPE_DIM, generator=gen).to(torch.bfloat16) if case.real_rope else None
     cache = torch.full((num_blocks, bs, case.row_bytes), POISON, dtype=torch.uint8)
     cache.view(-1, case.row_bytes)[:slots] = rowformat.pack_rows(kv_c, k_pe, case.kv_scale_format, case.row_bytes)
@@ -99,7 +103,7 @@ def build_problem(case: PaddingCase, device: torch.device) -> DecodeProblem:
     logical[case.query_tokens - case.empty_rows :] = -1
     req_of_token = torch.arange(case.query_tokens, dtype=torch.int32) % REQUESTS
     indices = metadata.logical_to_physical(logical, block_table, req_of_token, bs, num_blocks)
-    q = torch.randn(case.query_tokens, case.heads, g.qk_dim(case.rope_dim), generator=gen).to(torch.bfloat16)
+    q = torch.randn(case.query_tokens, case.heads, g.qk_dim(case.rope_dim), generator=gen).clamp(-1, 1).to(torch.bfloat16)
     if case.rope_dim and not case.real_rope:
         q[..., g.LATENT_DIM :] = 0
     return DecodeProblem(q.to(device), cache.to(device), indices.to(device), case.softmax_scale, case.rope_dim,
