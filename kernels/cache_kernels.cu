@@ -1,242 +1,28 @@
-// fp8_ds_mla KV-cache kernels: the NoPE-aware cache write and the gather/upconvert.
+// The CUDA launchers of the cache kernels (kernels in cache_kernels.cuh), as a plain C ABI.
 //
-// Row layout (CONTEXT.md section 3), row_bytes = 656 or 528 (compact NoPE rows):
-//   0:512    512 float8_e4m3fn latent values, 4 tiles of 128
-//   512:528  4 float32 scales, one per tile
-//   528:656  64 bf16 RoPE values; all zero for NoPE (absent in 528-byte rows)
-//
-// Both kernels must be bit-exact with nopebench/rowformat.py; the per-value numerics that
-// decide it live in ds_mla_numerics.cuh (also checked on the CPU). This file is the memory
-// side: which lane moves which bytes, with 16-byte accesses contiguous across each warp.
-//
-// Launchers are extern "C", take raw pointers, strides (in elements), sizes and a stream, and
-// return a cudaError_t; Python calls them through ctypes. They check their own arguments
-// enough to stay memory-safe; the clear error messages live on the Python side.
+// Each takes raw pointers, strides in elements, sizes, a device index and a cudaStream_t,
+// and returns a cudaError_t; Python calls them through ctypes with tensor.data_ptr() and
+// torch's current stream (nopebench/cache_kernels/library.py). No torch headers: the library
+// builds on machines without a GPU or torch's CUDA headers (CONTEXT.md section 7).
 
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "ds_mla_numerics.cuh"
+#include "cache_kernels.cuh"
 
-namespace nopecache {
-
-constexpr int kAbiVersion = 1;
-constexpr int kLatent = 512;
-constexpr int kScaleOffset = 512;
-constexpr int kRopeOffset = 528;
-constexpr int kFullRow = 656;
-constexpr int kNopeRow = 528;
-constexpr int kRopeDim = 64;
-constexpr int kOutDim = 576;
-constexpr int kWarpsPerBlock = 8;
-constexpr int kThreads = 32 * kWarpsPerBlock;
-// Blocks per SM asked of the compiler: full occupancy (2048 or 1536 threads per SM) for the
-// write kernel, which caps it at 32 registers; the gather holds two rows and gets 40.
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 800 || __CUDA_ARCH__ == 900 || \
-                               __CUDA_ARCH__ == 1000 || __CUDA_ARCH__ == 1030)
-constexpr int kWriteMinBlocks = 8;
-#else
-constexpr int kWriteMinBlocks = 6;
-#endif
-constexpr int kGatherMinBlocks = 6;
-constexpr int kGatherRowsPerWarp = 2;  // two rows' loads in flight per warp
-constexpr unsigned kFull = 0xffffffffu;
-constexpr uint32_t kBf16NanPair = 0x7fc07fc0u;
-
-// 8 consecutive bf16 as 4 words: one 16-byte load when aligned, else 8 two-byte loads.
-__device__ __forceinline__ uint4 load8_bf16(const uint16_t* p, bool vec) {
-  if (vec) return *reinterpret_cast<const uint4*>(p);
-  uint4 w;
-  w.x = p[0] | (static_cast<uint32_t>(p[1]) << 16);
-  w.y = p[2] | (static_cast<uint32_t>(p[3]) << 16);
-  w.z = p[4] | (static_cast<uint32_t>(p[5]) << 16);
-  w.w = p[6] | (static_cast<uint32_t>(p[7]) << 16);
-  return w;
-}
-
-// ------------------------------------------------------------------ cache write
-
-// One warp per token. Lane l holds latent elements [i*256 + 8l, +8) for i = 0, 1, so each
-// load instruction reads 512 contiguous bytes and lanes 0-15 / 16-31 hold tiles 2i / 2i+1.
-// All loads (slot, latent, RoPE) are issued before the slot is tested, so the slot's latency
-// overlaps the data's; tokens with a negative or out-of-range slot write nothing.
-template <typename SlotT>
-__global__ void __launch_bounds__(kThreads, kWriteMinBlocks) concat_and_cache_ds_mla_kernel(
-    uint8_t* __restrict__ cache, int64_t num_slots, int row_bytes,
-    const uint16_t* __restrict__ kv_c, int64_t kv_stride, bool kv_vec,
-    const uint16_t* __restrict__ k_pe, int64_t pe_stride, bool pe_vec, int rope_dim,
-    const SlotT* __restrict__ slot_mapping, int64_t tokens, int scale_format) {
-  const int lane = threadIdx.x & 31;
-  const int64_t token = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
-  if (token >= tokens) return;
-
-  const int64_t slot = static_cast<int64_t>(slot_mapping[token]);
-  const uint16_t* src = kv_c + token * kv_stride;
-  uint4 v[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) v[i] = load8_bf16(src + i * 256 + lane * 8, kv_vec);
-  const bool write_tail = row_bytes == kFullRow;
-  uint4 pe = make_uint4(0u, 0u, 0u, 0u);
-  uint32_t pe_word = 0u;
-  if (write_tail && rope_dim) {
-    const uint16_t* pe_src = k_pe + token * pe_stride;
-    if (pe_vec) {
-      if (lane < 8) pe = *reinterpret_cast<const uint4*>(pe_src + lane * 8);
-    } else {
-      pe_word = pe_src[2 * lane] | (static_cast<uint32_t>(pe_src[2 * lane + 1]) << 16);
-    }
-  }
-  if (slot < 0 || slot >= num_slots) return;  // warp-uniform: skipped token
-  uint8_t* row = cache + slot * row_bytes;
-
-  float scale[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    uint32_t amax = abs_max8(v[i]);
-#pragma unroll
-    for (int offset = 8; offset > 0; offset >>= 1)  // stays within each 16-lane half
-      amax = max(amax, __shfl_xor_sync(kFull, amax, offset));
-    scale[i] = tile_scale(amax, scale_format);
-    uint2 q;
-    q.x = quantize_pair(v[i].x, scale[i]) | (quantize_pair(v[i].y, scale[i]) << 16);
-    q.y = quantize_pair(v[i].z, scale[i]) | (quantize_pair(v[i].w, scale[i]) << 16);
-    *reinterpret_cast<uint2*>(row + i * 256 + lane * 8) = q;
-  }
-  // Lane 0 holds tiles 0 and 2, lane 16 tiles 1 and 3.
-  const float s1 = __shfl_sync(kFull, scale[0], 16);
-  const float s3 = __shfl_sync(kFull, scale[1], 16);
-  if (lane == 0)
-    *reinterpret_cast<float4*>(row + kScaleOffset) = make_float4(scale[0], s1, scale[1], s3);
-
-  if (!write_tail) return;
-  if (rope_dim && !pe_vec) {
-    *reinterpret_cast<uint32_t*>(row + kRopeOffset + lane * 4) = pe_word;
-  } else if (lane < 8) {  // RoPE bytes, or 128 zero bytes for NoPE
-    *reinterpret_cast<uint4*>(row + kRopeOffset + lane * 16) = pe;
-  }
-}
-
-// ------------------------------------------------------------------ gather / upconvert
-
-// Request owning output row `row`: the last r with workspace_starts[r] <= row. A 32-way
-// search: each round every lane probes one candidate and a ballot keeps the last prefix
-// (starts are non-decreasing), so up to 32 requests cost one round, 1024 two.
-__device__ __forceinline__ int find_request(const int32_t* __restrict__ starts, int num_req,
-                                            int64_t row, int lane) {
-  int lo = 0, n = num_req;
-  while (n > 1) {
-    const int step = (n + 31) / 32;
-    const int idx = lo + lane * step;
-    const bool le = idx < lo + n && starts[idx] <= row;
-    const unsigned ball = __ballot_sync(kFull, le);
-    const int k = ball ? 31 - __clz(ball) : 0;
-    const int next = lo + k * step;
-    n = min(step, lo + n - next);
-    lo = next;
-  }
-  return lo;
-}
-
-// Physical slot of output row `row`, or -1 when the tables point outside the cache (the
-// validated Python entry point rejects such calls before launch; this keeps the kernel safe).
-// Positions are split into (block column, offset) in 32 bits, with a shift for the usual
-// power-of-two block sizes: a 64-bit division would be a slow library call.
-__device__ __forceinline__ int64_t gather_slot(
-    int64_t row, int lane, int64_t num_blocks, int block_size, int block_shift,
-    const int32_t* block_table, int64_t bt_stride, int max_blocks, const int32_t* starts,
-    const int32_t* seq_starts, int num_req) {
-  const int r = find_request(starts, num_req, row, lane);
-  const int64_t pos = (seq_starts ? static_cast<int64_t>(seq_starts[r]) : 0) + (row - starts[r]);
-  if (pos < 0 || pos > 0x7fffffff) return -1;
-  const uint32_t p = static_cast<uint32_t>(pos);
-  const uint32_t col = block_shift >= 0 ? p >> block_shift : p / static_cast<uint32_t>(block_size);
-  if (col >= static_cast<uint32_t>(max_blocks)) return -1;
-  const int64_t block = block_table[r * bt_stride + col];
-  if (block < 0 || block >= num_blocks) return -1;
-  return block * block_size + (p - col * static_cast<uint32_t>(block_size));
-}
-
-// One warp per kGatherRowsPerWarp output rows: slots first, then every row's loads, then the
-// conversions and stores. Lane l covers latent elements [j*256 + 8l, +8) for j = 0, 1 (tile
-// 2j + l/16): 8-byte loads and 16-byte stores, each contiguous across the warp; lanes 0-7
-// move the 128 RoPE bytes (or store zeros for NoPE, whatever the row's tail holds).
-__global__ void __launch_bounds__(kThreads, kGatherMinBlocks) gather_upconvert_kernel(
-    const uint8_t* __restrict__ cache, int64_t num_blocks, int block_size, int block_shift,
-    int row_bytes, const int32_t* __restrict__ block_table, int64_t bt_stride, int max_blocks,
-    const int32_t* __restrict__ starts, const int32_t* __restrict__ seq_starts, int num_req,
-    int64_t total_rows, int rope_dim, uint16_t* __restrict__ out) {
-  const int lane = threadIdx.x & 31;
-  const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
-  const int64_t first = warp * kGatherRowsPerWarp;
-  if (first >= total_rows) return;
-
-  int64_t slot[kGatherRowsPerWarp];
-#pragma unroll
-  for (int k = 0; k < kGatherRowsPerWarp; ++k) {
-    slot[k] = first + k < total_rows
-                  ? gather_slot(first + k, lane, num_blocks, block_size, block_shift, block_table,
-                                bt_stride, max_blocks, starts, seq_starts, num_req)
-                  : -1;
-  }
-  uint2 q[kGatherRowsPerWarp][2];
-  float scale[kGatherRowsPerWarp][2];  // this lane's tiles: 2j + lane/16
-  uint4 tail[kGatherRowsPerWarp];
-#pragma unroll
-  for (int k = 0; k < kGatherRowsPerWarp; ++k) {
-    tail[k] = make_uint4(0u, 0u, 0u, 0u);
-    q[k][0] = q[k][1] = make_uint2(0u, 0u);
-    scale[k][0] = scale[k][1] = 0.0f;
-    if (slot[k] < 0) continue;
-    const uint8_t* row = cache + slot[k] * row_bytes;
-    const float* scales = reinterpret_cast<const float*>(row + kScaleOffset) + (lane >> 4);
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      q[k][j] = *reinterpret_cast<const uint2*>(row + j * 256 + lane * 8);
-      scale[k][j] = scales[2 * j];
-    }
-    if (rope_dim && lane < 8) tail[k] = *reinterpret_cast<const uint4*>(row + kRopeOffset + lane * 16);
-  }
-#pragma unroll
-  for (int k = 0; k < kGatherRowsPerWarp; ++k) {
-    if (first + k >= total_rows) break;
-    uint16_t* dst = out + (first + k) * kOutDim;
-    if (slot[k] < 0) {  // unvalidated call with a bad table entry: a visibly wrong row
-      const uint4 nan4 = make_uint4(kBf16NanPair, kBf16NanPair, kBf16NanPair, kBf16NanPair);
-#pragma unroll
-      for (int j = 0; j < 2; ++j) *reinterpret_cast<uint4*>(dst + j * 256 + lane * 8) = nan4;
-      if (lane < 8) *reinterpret_cast<uint4*>(dst + kLatent + lane * 8) = nan4;
-      continue;
-    }
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      uint4 o;
-      o.x = dequantize_pair(q[k][j].x, scale[k][j]);
-      o.y = dequantize_pair(q[k][j].x >> 16, scale[k][j]);
-      o.z = dequantize_pair(q[k][j].y, scale[k][j]);
-      o.w = dequantize_pair(q[k][j].y >> 16, scale[k][j]);
-      *reinterpret_cast<uint4*>(dst + j * 256 + lane * 8) = o;
-    }
-    if (lane < 8) *reinterpret_cast<uint4*>(dst + kLatent + lane * 8) = tail[k];
-  }
-}
-
-inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0u; }
+namespace {
 
 // Make `device` this thread's current device in this library's runtime (it keeps its own,
 // apart from torch's). Only calls cudaSetDevice when it changes, so a launch inside a CUDA
 // graph capture makes no call beyond the launch itself in the usual single-GPU case.
-inline cudaError_t use_device(int device) {
+cudaError_t use_device(int device) {
   int current = -1;
   cudaError_t err = cudaGetDevice(&current);
   if (err != cudaSuccess || current == device) return err;
   return cudaSetDevice(device);
 }
 
-constexpr int64_t kMaxGrid = 0x7fffffff;  // gridDim.x limit
-
-}  // namespace nopecache
-
-// ------------------------------------------------------------------ C ABI
+}  // namespace
 
 using namespace nopecache;
 
@@ -248,70 +34,47 @@ const char* nopecache_error_string(int code) {
   return cudaGetErrorString(static_cast<cudaError_t>(code));
 }
 
-// concat_and_cache_ds_mla. kv_c: [tokens, 512] bf16 rows `kv_stride` elements apart; k_pe:
-// [tokens, 64] bf16 rows `pe_stride` apart, or null with rope_dim 0; slot_mapping: int32
-// (slot_is_int64 = 0) or int64; cache: num_slots rows of row_bytes, 16-byte aligned.
+// concat_and_cache_ds_mla: write each token's packed row to its slot (slots < 0 skipped).
 int nopecache_concat_and_cache_ds_mla(void* cache, int64_t num_slots, int row_bytes,
                                       const void* kv_c, int64_t kv_stride, const void* k_pe,
                                       int64_t pe_stride, int rope_dim, const void* slot_mapping,
                                       int slot_is_int64, int64_t tokens, int scale_format,
                                       int device, void* stream) {
-  if (tokens < 0 || num_slots < 0 || (row_bytes != kFullRow && row_bytes != kNopeRow) ||
-      (rope_dim != 0 && rope_dim != kRopeDim) || (rope_dim && row_bytes != kFullRow) ||
-      (rope_dim && k_pe == nullptr) || (scale_format != kArbitraryFp32 && scale_format != kPow2Fp32) ||
-      !aligned16(cache) || (reinterpret_cast<uintptr_t>(kv_c) & 1u) ||
-      (k_pe && (reinterpret_cast<uintptr_t>(k_pe) & 1u)))
-    return cudaErrorInvalidValue;
-  if (tokens == 0) return cudaSuccess;
-  if ((tokens + kWarpsPerBlock - 1) / kWarpsPerBlock > kMaxGrid) return cudaErrorInvalidValue;
+  WriteParams p{static_cast<uint8_t*>(cache), num_slots, row_bytes,
+                static_cast<const uint16_t*>(kv_c), kv_stride,
+                static_cast<const uint16_t*>(k_pe), pe_stride, rope_dim, slot_mapping,
+                slot_is_int64, tokens, scale_format, false, false};
+  const int64_t blocks = plan_write(p);
+  if (blocks <= 0) return blocks < 0 ? cudaErrorInvalidValue : cudaSuccess;
   cudaError_t err = use_device(device);
   if (err != cudaSuccess) return err;
-  const bool kv_vec = aligned16(kv_c) && (kv_stride % 8) == 0;
-  const bool pe_vec = k_pe != nullptr && aligned16(k_pe) && (pe_stride % 8) == 0;
-  const dim3 grid(static_cast<unsigned>((tokens + kWarpsPerBlock - 1) / kWarpsPerBlock));
+  const dim3 grid(static_cast<unsigned>(blocks));
   auto s = static_cast<cudaStream_t>(stream);
-  auto* dst = static_cast<uint8_t*>(cache);
-  auto* kv = static_cast<const uint16_t*>(kv_c);
-  auto* pe = static_cast<const uint16_t*>(k_pe);
-  if (slot_is_int64) {
-    concat_and_cache_ds_mla_kernel<int64_t><<<grid, kThreads, 0, s>>>(
-        dst, num_slots, row_bytes, kv, kv_stride, kv_vec, pe, pe_stride, pe_vec, rope_dim,
-        static_cast<const int64_t*>(slot_mapping), tokens, scale_format);
-  } else {
-    concat_and_cache_ds_mla_kernel<int32_t><<<grid, kThreads, 0, s>>>(
-        dst, num_slots, row_bytes, kv, kv_stride, kv_vec, pe, pe_stride, pe_vec, rope_dim,
-        static_cast<const int32_t*>(slot_mapping), tokens, scale_format);
-  }
+  if (slot_is_int64)
+    concat_and_cache_ds_mla_kernel<int64_t><<<grid, kThreads, 0, s>>>(p);
+  else
+    concat_and_cache_ds_mla_kernel<int32_t><<<grid, kThreads, 0, s>>>(p);
   return cudaGetLastError();
 }
 
-// cp_gather_and_upconvert_fp8_kv_cache. block_table: int32 [num_req, max_blocks] with rows
-// `bt_stride` apart; workspace_starts, seq_starts (nullable): int32 [num_req]; out: 16-byte
-// aligned, contiguous [total_rows, 576] bf16, every element written.
+// cp_gather_and_upconvert_fp8_kv_cache: [total_rows, 576] bf16 from the rows the requests'
+// block tables point at, every output element written.
 int nopecache_gather_upconvert(const void* cache, int64_t num_blocks, int block_size,
                                int row_bytes, const void* block_table, int64_t bt_stride,
                                int max_blocks, const void* workspace_starts,
                                const void* seq_starts, int num_req, int64_t total_rows,
                                int rope_dim, void* out, int device, void* stream) {
-  if (total_rows < 0 || num_blocks < 0 || block_size <= 0 || max_blocks < 0 ||
-      (row_bytes != kFullRow && row_bytes != kNopeRow) || (rope_dim != 0 && rope_dim != kRopeDim) ||
-      (rope_dim && row_bytes != kFullRow) || !aligned16(cache) || !aligned16(out) ||
-      (total_rows > 0 && num_req <= 0))
-    return cudaErrorInvalidValue;
-  if (total_rows == 0) return cudaSuccess;
-  constexpr int64_t rows_per_block = static_cast<int64_t>(kWarpsPerBlock) * kGatherRowsPerWarp;
-  if ((total_rows + rows_per_block - 1) / rows_per_block > kMaxGrid) return cudaErrorInvalidValue;
+  GatherParams p{static_cast<const uint8_t*>(cache), num_blocks, block_size, -1, row_bytes,
+                 static_cast<const int32_t*>(block_table), bt_stride, max_blocks,
+                 static_cast<const int32_t*>(workspace_starts),
+                 static_cast<const int32_t*>(seq_starts), num_req, total_rows, rope_dim,
+                 static_cast<uint16_t*>(out)};
+  const int64_t blocks = plan_gather(p);
+  if (blocks <= 0) return blocks < 0 ? cudaErrorInvalidValue : cudaSuccess;
   cudaError_t err = use_device(device);
   if (err != cudaSuccess) return err;
-  const dim3 grid(static_cast<unsigned>((total_rows + rows_per_block - 1) / rows_per_block));
-  int block_shift = -1;  // log2(block_size) when it is a power of two
-  for (int b = 0; b < 31; ++b)
-    if (block_size == (1 << b)) block_shift = b;
-  gather_upconvert_kernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      static_cast<const uint8_t*>(cache), num_blocks, block_size, block_shift, row_bytes,
-      static_cast<const int32_t*>(block_table), bt_stride, max_blocks,
-      static_cast<const int32_t*>(workspace_starts), static_cast<const int32_t*>(seq_starts),
-      num_req, total_rows, rope_dim, static_cast<uint16_t*>(out));
+  gather_upconvert_kernel<<<dim3(static_cast<unsigned>(blocks)), kThreads, 0,
+                            static_cast<cudaStream_t>(stream)>>>(p);
   return cudaGetLastError();
 }
 

@@ -106,6 +106,19 @@ def find_nvcc() -> Path | None:
     return candidates[0] if candidates else None
 
 
+def cuda_include_dir() -> Path | None:
+    """The CUDA headers (cuda_runtime.h), for host-only builds such as the tests' emulator."""
+    candidates = []
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home:
+        candidates.append(Path(home) / "include")
+    nvcc = find_nvcc()
+    if nvcc is not None:
+        candidates.append(nvcc.resolve().parent.parent / "include")
+    candidates += [p.parent.parent / "include" for p in sorted(Path("/usr/local").glob("cuda*/bin/nvcc"), key=_version_key, reverse=True)]
+    return next((c for c in candidates if (c / "cuda_runtime.h").is_file()), None)
+
+
 def _version_key(path: Path) -> tuple[int, ...]:
     numbers = re.findall(r"\d+", path.parent.parent.name)
     return tuple(int(n) for n in numbers) or (0,)

@@ -200,8 +200,14 @@ def _on_device(call: GatherCall) -> GatherCall:
 # ---------------------------------------------------------------- launches
 
 
-def _device_index(t: torch.Tensor) -> int:
-    return t.device.index if t.device.index is not None else torch.cuda.current_device()
+def _launch_context(t: torch.Tensor) -> tuple[int, int | None]:
+    """(device index, stream handle) of a launch on t's device: torch's current stream, so the
+    launch orders with torch's work and is captured by a CUDA graph. CPU tensors (only the
+    host emulation of the kernels takes them, in tests) get (0, None)."""
+    if t.device.type != "cuda":
+        return 0, None
+    index = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    return index, torch.cuda.current_stream(t.device).cuda_stream
 
 
 def launch_write(call: WriteCall) -> None:
@@ -216,8 +222,7 @@ def launch_write(call: WriteCall) -> None:
         call.kv_c.data_ptr(), call.kv_c.stride(0),
         k_pe.data_ptr() if k_pe is not None else None, k_pe.stride(0) if k_pe is not None else 0,
         call.rope_dim, call.slot_mapping.data_ptr(), int(call.slot_mapping.dtype == torch.int64),
-        tokens, SCALE_FORMAT_CODES[call.scale_format], _device_index(cache),
-        torch.cuda.current_stream(cache.device).cuda_stream,
+        tokens, SCALE_FORMAT_CODES[call.scale_format], *_launch_context(cache),
     )
     check(lib, code, "concat_and_cache_ds_mla launch")
 
@@ -233,6 +238,6 @@ def launch_gather(call: GatherCall, out: torch.Tensor) -> None:
         call.block_table.data_ptr(), call.block_table.stride(0), call.block_table.shape[1],
         call.workspace_starts.data_ptr(), seq.data_ptr() if seq is not None else None,
         call.block_table.shape[0], call.total_rows, call.rope_dim, out.data_ptr(),
-        _device_index(cache), torch.cuda.current_stream(cache.device).cuda_stream,
+        *_launch_context(cache),
     )
     check(lib, code, "gather_upconvert launch")
