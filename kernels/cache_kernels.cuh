@@ -205,12 +205,35 @@ __device__ __forceinline__ int find_request(const int32_t* __restrict__ starts, 
   return lo;
 }
 
-// Physical slot of output row `row`, or -1 when the tables point outside the cache (the
-// validated Python entry point rejects such calls before launch; this keeps the kernel safe).
-// Positions are split into (block column, offset) in 32 bits, with a shift for the usual
-// power-of-two block sizes: a 64-bit division would be a slow library call.
-__device__ __forceinline__ int64_t gather_slot(const GatherParams& p, int64_t row, int lane) {
-  const int r = find_request(p.starts, p.num_req, row, lane);
+// Requests of the warp's consecutive rows first, first + 1, ...: with up to 32 requests one
+// probe per lane serves every row (one ballot each); with more, the general search finds the
+// first row's request and the next rows step forward from it (rarely more than a step).
+__device__ __forceinline__ void find_requests(const GatherParams& p, int64_t first, int lane,
+                                              int (&req)[kGatherRowsPerWarp]) {
+  if (p.num_req > 32) {
+    int r = find_request(p.starts, p.num_req, first, lane);
+    req[0] = r;
+#pragma unroll
+    for (int k = 1; k < kGatherRowsPerWarp; ++k) {
+      while (r + 1 < p.num_req && p.starts[r + 1] <= first + k) ++r;
+      req[k] = r;
+    }
+    return;
+  }
+  const bool probe = lane < p.num_req;
+  const int64_t start = probe ? p.starts[lane] : 0;
+#pragma unroll
+  for (int k = 0; k < kGatherRowsPerWarp; ++k) {
+    const unsigned ball = __ballot_sync(kFull, probe && start <= first + k);
+    req[k] = ball ? 31 - __clz(ball) : 0;
+  }
+}
+
+// Physical slot of output row `row` of request r, or -1 when the tables point outside the
+// cache (the validated Python entry point rejects such calls before launch; this keeps the
+// kernel safe). Positions are split into (block column, offset) in 32 bits, with a shift for
+// the usual power-of-two block sizes: a 64-bit division would be a slow library call.
+__device__ __forceinline__ int64_t slot_of(const GatherParams& p, int r, int64_t row) {
   const int64_t pos = (p.seq_starts ? static_cast<int64_t>(p.seq_starts[r]) : 0) + (row - p.starts[r]);
   if (pos < 0 || pos > 0x7fffffff) return -1;
   const uint32_t u = static_cast<uint32_t>(pos);
@@ -231,10 +254,12 @@ __global__ void __launch_bounds__(kThreads, kGatherMinBlocks) gather_upconvert_k
   const int64_t first = warp * kGatherRowsPerWarp;
   if (first >= p.total_rows) return;
 
+  int req[kGatherRowsPerWarp];
+  find_requests(p, first, lane, req);
   int64_t slot[kGatherRowsPerWarp];
 #pragma unroll
   for (int k = 0; k < kGatherRowsPerWarp; ++k)
-    slot[k] = first + k < p.total_rows ? gather_slot(p, first + k, lane) : -1;
+    slot[k] = first + k < p.total_rows ? slot_of(p, req[k], first + k) : -1;
 
   uint2 q[kGatherRowsPerWarp][2];
   float scale[kGatherRowsPerWarp][2];  // this lane's tiles: 2j + lane/16

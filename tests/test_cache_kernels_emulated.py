@@ -74,17 +74,22 @@ def test_boundary_and_out_of_range_cases(emulated):
     assert not failed, failed
 
 
-def test_empty_requests_and_equal_starts(emulated):
-    """Requests that gather nothing (equal workspace starts) own no rows."""
-    case = layout.LayoutCase(tokens=128, block_size=16, row_bytes=528, rope_dim=0, scale_format="arbitrary_fp32")
+@pytest.mark.parametrize("requests", [5, 40])
+def test_empty_requests_and_equal_starts(emulated, requests):
+    """Requests that gather nothing (equal workspace starts) own no rows, with few requests
+    (one probe per lane) and many (the search plus stepping forward)."""
+    case = layout.LayoutCase(tokens=400, block_size=16, row_bytes=528, rope_dim=0, scale_format="arbitrary_fp32",
+                             requests=requests)
     inputs = layout.make_inputs(case)
     storage, cache = layout.guarded_cache(inputs.num_blocks, 16, 528, "cpu")
     ops.write_cache(cache, inputs.kv_c, inputs.k_pe, inputs.slot_mapping, case.scale_format)
-    table = torch.cat([inputs.block_table[:1], inputs.block_table[:1], inputs.block_table[1:]])
-    starts = torch.cat([torch.zeros(1, dtype=torch.int32), inputs.workspace_starts])
-    seq = torch.cat([inputs.seq_starts[:1], inputs.seq_starts])
-    got = ops.gather_upconvert(cache, table, starts, inputs.total_rows, 0, seq)
     expected = ops.gather_upconvert(cache, inputs.block_table, inputs.workspace_starts, inputs.total_rows, 0, inputs.seq_starts)
+    # an empty request (same start) in front of every third one, and one at the very end
+    pick = [r for r in range(requests) for _ in range(2 if r % 3 == 0 else 1)]
+    new_starts = torch.cat([inputs.workspace_starts[pick], torch.tensor([inputs.total_rows], dtype=torch.int32)])
+    pick.append(requests - 1)
+    table, seq = inputs.block_table[pick], inputs.seq_starts[pick]
+    got = ops.gather_upconvert(cache, table, new_starts, inputs.total_rows, 0, seq)
     assert torch.equal(got.view(torch.int16), expected.view(torch.int16))
 
 
