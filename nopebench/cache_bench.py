@@ -144,7 +144,7 @@ def check_against_cpu(s: InputSet, tokens: int, v: Variant) -> tuple[dict[str, s
 
 
 def _diff(what: str, got: torch.Tensor, expected: torch.Tensor) -> str | None:
-    bad = (got != expected).reshape(got.shape[0], -1).any(dim=1)
+    bad = (got != expected).reshape(-1, got.shape[-1]).any(dim=1)  # per cache slot / output row
     if not bool(bad.any()):
         return None
     return f"{what} differ from the CPU reference in {int(bad.sum())} of {bad.numel()} rows, first row {int(torch.nonzero(bad)[0])}"

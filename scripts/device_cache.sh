@@ -21,6 +21,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 PY=${PYTHON:-python3}
+export COLUMNS=${COLUMNS:-160}  # rich tables in the logs unwrapped
 STAMP=$(date -u +%Y%m%dT%H%M%SZ)
 WORK=results/device-cache/$STAMP
 RESULTS=$WORK/runs
@@ -79,6 +80,7 @@ cat "$WORK/env.log"
 
 step build 60 "$PY" -m nopebench build
 step verify-layout 210 "$PY" -m nopebench verify-layout --impl cuda --sweep --results-dir "$RESULTS"
+grep -E "FAIL|results:" "$WORK/verify-layout.log" 2>/dev/null | head -n 5 | sed 's/^/      /' >>"$SUMMARY"
 
 SANITIZER=$(find_sanitizer)
 if [ -n "$SANITIZER" ]; then
@@ -86,12 +88,14 @@ if [ -n "$SANITIZER" ]; then
     "$PY" -m nopebench.cache_kernels.boundary
   grep -q "ERROR SUMMARY: 0 errors" "$WORK/memcheck.log" && log "      memcheck: ERROR SUMMARY: 0 errors" ||
     log "      memcheck: no clean ERROR SUMMARY line"
+  grep -E "^boundary:|^FAIL" "$WORK/memcheck.log" 2>/dev/null | head -n 5 | sed 's/^/      /' >>"$SUMMARY"
 else
   log "FAIL  memcheck: compute-sanitizer not found"
   status=1
 fi
 
 step bench-cache 180 "$PY" -m nopebench bench-cache --results-dir "$RESULTS"
+grep -E "^targets at|copy .* GB/s|results:" "$WORK/bench-cache.log" 2>/dev/null | sed 's/^/      /' >>"$SUMMARY"
 step pytest 150 "$PY" -m pytest -q -p no:cacheprovider -m "not slow" tests/test_cache_kernels_gpu.py \
   tests/test_cache_kernels.py tests/test_cache_kernels_bench.py tests/test_build.py
 
