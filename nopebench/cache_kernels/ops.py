@@ -175,6 +175,8 @@ def require_cuda(cache: torch.Tensor) -> None:
 
 def _check_cache(cache: torch.Tensor) -> None:
     rowformat._check_cache(cache)
+    if cache.shape[1] < 1:
+        raise ValueError(f"cache block_size must be >= 1, got {cache.shape[1]}")
     if cache.data_ptr() % ALIGN:
         raise ValueError(f"cache must start on a {ALIGN}-byte boundary (its rows are moved in 16-byte pieces)")
 
