@@ -27,9 +27,11 @@ def tile_scales(kv_c: torch.Tensor, scale_format: str) -> torch.Tensor:
     pow2_fp32: 2 ** ceil(log2(max(amax / 448, 1e-4))), with the exponent taken exactly from
     frexp so a value just above a power of two never rounds down (log2 in fp32 would).
     """
-    _check_scale_format(scale_format)
+    check_scale_format(scale_format)
     amax = kv_c.float().reshape(-1, g.N_TILES, g.TILE).abs().amax(dim=-1)
-    ratio = amax / g.FP8_MAX
+    # A tensor divisor: with a Python number torch's CUDA kernel multiplies by 1/448 instead,
+    # which differs from the true divide in the last bit for about half of all bf16 maxima.
+    ratio = amax / torch.full_like(amax, g.FP8_MAX)
     if scale_format == "arbitrary_fp32":
         return torch.clamp_min(ratio, FLT_MIN)
     mantissa, exponent = torch.frexp(torch.clamp_min(ratio, POW2_FLOOR))
@@ -55,7 +57,7 @@ def pack_rows(
 
     Returns [T, row_bytes] uint8. NoPE rows in a 656-byte layout get bytes 528:656 zeroed.
     """
-    rope_dim = _check_write_inputs(kv_c, k_pe, row_bytes)
+    rope_dim = check_write_inputs(kv_c, k_pe, row_bytes)
     scales = tile_scales(kv_c, scale_format)
     rows = torch.zeros(kv_c.shape[0], row_bytes, dtype=torch.uint8, device=kv_c.device)
     rows[:, : g.SCALE_OFFSET] = quantize_latent(kv_c, scales).view(torch.uint8)
@@ -77,7 +79,7 @@ def write_cache(
     cache: [num_blocks, block_size, row_bytes] uint8; slot = block * block_size + offset.
     Slots < 0 are skipped. Every argument error raises ValueError before anything is written.
     """
-    _check_cache(cache)
+    check_cache(cache)
     row_bytes = cache.shape[-1]
     if slot_mapping.dim() != 1 or slot_mapping.shape[0] != kv_c.shape[0]:
         raise ValueError(f"slot_mapping must be [T] with T = {kv_c.shape[0]}, got {tuple(slot_mapping.shape)}")
@@ -123,7 +125,7 @@ def read_slots(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     Every slot must be in [0, capacity): a negative slot would silently wrap to the end of the
     cache under Python indexing, so -1 entries must be filtered out by the caller.
     """
-    _check_cache(cache)
+    check_cache(cache)
     flat = cache.view(-1, cache.shape[-1])
     slots = slots.long()
     if slots.numel() and (int(slots.min()) < 0 or int(slots.max()) >= flat.shape[0]):
@@ -167,7 +169,7 @@ def gather_plan(
 ) -> torch.Tensor:
     """The physical slot each gathered output row reads, [total_rows] int64, after checking
     every argument (ValueError on any inconsistency, before anything is read)."""
-    _check_cache(cache)
+    check_cache(cache)
     if rope_dim not in (0, g.ROPE_DIM):
         raise ValueError(f"rope_dim must be 0 or 64, got {rope_dim}")
     if rope_dim and cache.shape[-1] != g.FULL_ROW_BYTES:
@@ -204,12 +206,12 @@ def gather_plan(
     return (blocks * block_size + pos % block_size).to(cache.device)
 
 
-def _check_scale_format(scale_format: str) -> None:
+def check_scale_format(scale_format: str) -> None:
     if scale_format not in SCALE_FORMATS:
         raise ValueError(f"scale_format must be one of {SCALE_FORMATS}, got {scale_format!r}")
 
 
-def _check_cache(cache: torch.Tensor) -> None:
+def check_cache(cache: torch.Tensor) -> None:
     if cache.dtype != torch.uint8 or cache.dim() != 3:
         raise ValueError(f"cache must be uint8 [num_blocks, block_size, row_bytes], got {cache.dtype} {tuple(cache.shape)}")
     if cache.shape[-1] not in (g.NOPE_ROW_BYTES, g.FULL_ROW_BYTES):
@@ -218,7 +220,7 @@ def _check_cache(cache: torch.Tensor) -> None:
         raise ValueError("cache must be contiguous")
 
 
-def _check_write_inputs(kv_c: torch.Tensor, k_pe: torch.Tensor | None, row_bytes: int) -> int:
+def check_write_inputs(kv_c: torch.Tensor, k_pe: torch.Tensor | None, row_bytes: int) -> int:
     """Validate writer inputs; return the RoPE width (0 or 64)."""
     if kv_c.dtype != torch.bfloat16 or kv_c.dim() != 2 or kv_c.shape[1] != g.LATENT_DIM:
         raise ValueError(f"kv_c must be bf16 [T, 512] (kv_lora_rank 512), got {kv_c.dtype} {tuple(kv_c.shape)}")

@@ -109,7 +109,7 @@ def prepare_write(cache: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor | 
     if scale_format not in SCALE_FORMAT_CODES:
         raise ValueError(f"scale_format must be one of {tuple(SCALE_FORMAT_CODES)}, got {scale_format!r}")
     _check_cache(cache)
-    rope_dim = rowformat._check_write_inputs(kv_c, k_pe, cache.shape[-1])
+    rope_dim = rowformat.check_write_inputs(kv_c, k_pe, cache.shape[-1])
     if slot_mapping.dim() != 1 or slot_mapping.shape[0] != kv_c.shape[0]:
         raise ValueError(f"slot_mapping must be [T] with T = {kv_c.shape[0]}, got {tuple(slot_mapping.shape)}")
     if slot_mapping.dtype not in INDEX_DTYPES:
@@ -174,7 +174,7 @@ def require_cuda(cache: torch.Tensor) -> None:
 
 
 def _check_cache(cache: torch.Tensor) -> None:
-    rowformat._check_cache(cache)
+    rowformat.check_cache(cache)
     if cache.shape[1] < 1:
         raise ValueError(f"cache block_size must be >= 1, got {cache.shape[1]}")
     if cache.data_ptr() % ALIGN:
