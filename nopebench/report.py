@@ -93,7 +93,7 @@ def md_table(columns: list[str], rows: list[list[object]]) -> str:
 
 def _csv(run: Path, name: str) -> pd.DataFrame | None:
     path = run / name
-    return pd.read_csv(path) if path.is_file() else None
+    return pd.read_csv(path, float_precision="round_trip") if path.is_file() else None
 
 
 def _short(text: object, limit: int = 160) -> str:

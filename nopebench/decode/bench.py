@@ -34,7 +34,7 @@ def read_baseline(path: Path | None) -> pd.DataFrame | None:
     if not path.is_file():
         raise UsageError(f"--baseline {path}: not a file (give a bench-decode results.csv)")
     try:
-        base = pd.read_csv(path)
+        base = pd.read_csv(path, float_precision="round_trip")
     except Exception as exc:  # noqa: BLE001 - any parse failure is the same usage error
         raise UsageError(f"--baseline {path}: cannot read as CSV ({type(exc).__name__})") from None
     missing = {"case", "impl", "median_ms", "spread", "error"} - set(base.columns)
