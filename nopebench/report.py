@@ -204,21 +204,24 @@ def section_bench_cache(run: Path, assets: Path) -> str:
     from nopebench.plots import grouped_bars
 
     df = _csv(run, "results.csv")
-    if df is None:
+    if df is None or not {"op", "variant", "tokens", "impl", "gbps"} <= set(df.columns):
         return _generic(run, assets)
-    keep = [c for c in df.columns if c in ("kernel", "op", "impl", "variant", "tokens", "median_ms", "gbps",
-                                           "pct_copy_bw", "speedup_vs_torch", "check_passed", "error")]
-    rows = [[r[c] for c in keep] for _, r in df.iterrows()]
-    text = "## Cache kernels (`bench-cache`)\n\n" + md_table(keep, rows)
-    if {"tokens", "gbps", "variant"} <= set(df.columns):
-        label = "op" if "op" in df.columns else ("kernel" if "kernel" in df.columns else "variant")
-        impl = "impl" if "impl" in df.columns else label
-        data = df[df.gbps.notna()].assign(series=lambda d: d[impl].astype(str) + " " + d["variant"].astype(str),
-                                          panel=lambda d: d[label].astype(str))
-        if not data.empty:
-            path = grouped_bars(data, "tokens", "series", "gbps", "cache kernel throughput", "GB/s", assets / "cache_gbps.png",
-                                facet="panel")
-            text += f"\n![cache throughput]({path.name})\n"
+    summary = read_run(run).get("summary", {})
+    cuda, torch_ref = df[df.impl == "cuda"], df[df.impl == "torch"].set_index(["op", "variant", "tokens"])
+    rows = []
+    for r in cuda.itertuples():
+        ref = torch_ref.loc[(r.op, r.variant, r.tokens)] if (r.op, r.variant, r.tokens) in torch_ref.index else None
+        rows.append([r.op, r.variant, r.tokens, r.median_ms, r.gbps, r.pct_copy,
+                     None if ref is None else ref.gbps, r.speedup, bool(r.check_passed) and pd.isna(r.error)])
+    text = (f"## Cache kernels (`bench-cache`)\n\nCopy bandwidth measured in the same run: "
+            f"{summary.get('copy_gbps', float('nan')):.0f} GB/s (read + write). Issue 3 targets at T >= "
+            f"{summary.get('targets', {}).get('min_tokens', 65536)}: {'all met' if summary.get('all_targets_met') else 'NOT all met'}.\n\n"
+            + md_table(["op", "rows", "tokens", "cuda ms", "cuda GB/s", "% copy", "torch GB/s", "speed-up", "bit-exact"], rows))
+    data = df[df.gbps.notna()].assign(series=lambda d: d.impl + " " + d.variant, panel=lambda d: d.op)
+    if not data.empty:
+        path = grouped_bars(data, "tokens", "series", "gbps", "cache kernel throughput", "GB/s (log)",
+                            assets / "cache_gbps.png", facet="panel", log=True)
+        text += f"\n![cache throughput]({path.name})\n"
     return text
 
 
