@@ -72,7 +72,7 @@ class BenchConfig(StrictModel):
     impls: list[str] = Field(min_length=1)
     cache_rows: int = Field(default=1 << 20, ge=4096, le=1 << 26)
     reference_max_tokens: int = Field(default=64, ge=0)
-    check_tokens: int = Field(default=128, ge=1)
+    check_tokens: int = Field(default=512, ge=1)
     timing: TimingSpec = TimingSpec()
     quick: QuickSpec | None = None
 
