@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import math
+import weakref
 
 import torch
 
@@ -142,20 +143,23 @@ def trtllm_unsupported(problem: DecodeProblem) -> str | None:
     return None
 
 
-_CONVERTED: dict[tuple, tuple] = {}
+_CONVERTED: dict[int, dict] = {}
 
 
 def _memo_by_cache(kind: str, problem: DecodeProblem, build):
-    """Convert a cache once per (cache tensor, contents version, layout): a benchmark prepares
+    """Convert a cache once per cache tensor, contents version and layout: a benchmark prepares
     many problems (rotating index sets) over one cache, and a second 1 GB copy per problem
-    would be waste. Holds the latest few conversions only."""
+    would be waste. Entries belong to the tensor object and die with it (never keyed by its
+    address: a freed cache's address is reused by the next one, whose contents differ)."""
     c = problem.cache
-    key = (kind, c.data_ptr(), tuple(c.shape), c._version, problem.rope_dim)
-    if key not in _CONVERTED:
-        while len(_CONVERTED) >= 2:
-            _CONVERTED.pop(next(iter(_CONVERTED)))
-        _CONVERTED[key] = build()
-    return _CONVERTED[key]
+    entry = _CONVERTED.get(id(c))
+    if entry is None or entry["tensor"]() is not c:
+        entry = _CONVERTED[id(c)] = {"tensor": weakref.ref(c), "items": {}}
+        weakref.finalize(c, _CONVERTED.pop, id(c), None)
+    key = (kind, c._version, problem.rope_dim)
+    if key not in entry["items"]:
+        entry["items"] = {key: build()}  # older versions of this cache are stale
+    return entry["items"][key]
 
 
 def _dequantized_cache(problem: DecodeProblem) -> tuple[torch.Tensor, torch.Tensor]:
