@@ -38,3 +38,27 @@ def test_conversion_dies_with_its_cache():
     q = _problem()  # may land at the same address: must not see the old conversion
     marker = object()
     assert fa._memo_by_cache("bf16", q, lambda: marker) is marker
+
+
+def test_fa3_accuracy_class_still_catches_the_prefix_truncation():
+    """Reading only index_topk = 2048 of a row's 2051 valid entries (what the pre-fix sizing
+    does) must fail even FlashInfer fa3's looser class, by a wide margin."""
+    import dataclasses
+
+    from nopebench.compare import close
+    from nopebench.config import load_model_config
+    from nopebench.sparse import pagetable as pt
+    from nopebench.sparse.reference import sparse_decode_reference
+
+    cfg = load_model_config("glm53-flash")
+    case = dataclasses.replace(pt.model_case(cfg, 4, 0), empty_rows=0)
+    p = pt.build_problem(case, torch.device("cpu"))
+    full, _ = sparse_decode_reference(p.q, p.cache, p.indices, p.softmax_scale, p.rope_dim)
+    compact = pt.compact_problem(p).indices
+    truncated = compact.clone()
+    truncated[:, cfg.index_topk:] = -1
+    assert int((compact >= 0).sum(dim=1).min()) == cfg.max_active == 2051
+    cut, _ = sparse_decode_reference(p.q, p.cache, truncated, p.softmax_scale, p.rope_dim)
+    cmp = close(cut, full, **fa.FA3_TOLERANCE.kwargs())
+    # Measured: cosine 1.5e-4 (7x the class's bound) and 12% of elements beyond 4 ulps.
+    assert not cmp.passed and cmp.cos_diff > 5 * fa.FA3_TOLERANCE.cos_tol and cmp.mismatch_fraction > 0.05

@@ -38,7 +38,7 @@ from nopebench import geometry as g
 from nopebench import rowformat
 from nopebench.sparse import metadata
 from nopebench.sparse.backends import device_refusal, gpu_refusal
-from nopebench.sparse.interface import DecodeOutput, DecodeProblem, DecodeRun, ImplSpec
+from nopebench.sparse.interface import DecodeOutput, DecodeProblem, DecodeRun, ImplSpec, Tolerance
 
 SM120_SMS = (120, 121)
 SM100_SMS = (100, 103)
@@ -307,6 +307,15 @@ def fa3_fp8_prepare(problem: DecodeProblem) -> DecodeRun:
     return _fa3_prepare(problem, fp8=True)
 
 
+# FlashInfer's fa3 MLA, measured on the H200 (results/reference/h200-run/): cosine difference
+# 4.4e-6 to 5.3e-6 from the reference, and about 1 element in 30,000 beyond 2 bf16 ulps, on
+# FlashMLA's test distribution, where the native kernel stays under 2e-6. Its semantic checks use
+# this class; dropping the 3 kpool entries of a 2051-entry row (the bug they exist for) moves
+# the cosine by ~1.5e-4 and 12% of elements past 4 ulps, well outside it
+# (tests/test_adapter_memo.py).
+FA3_TOLERANCE = Tolerance(1e-3, 4 / 128, 2e-5, "FlashInfer fa3's measured accuracy class (H200)")
+
+
 def flashinfer_specs() -> list[ImplSpec]:
     """The FlashInfer registry entries, in display order."""
     return [
@@ -315,7 +324,7 @@ def flashinfer_specs() -> list[ImplSpec]:
         ImplSpec("flashinfer-trtllm", "FlashInfer trtllm-gen sparse MLA, SM100/103, bf16 cache (native NoPE with top-k lens)",
                  trtllm_unsupported, trtllm_prepare),
         ImplSpec("flashinfer-fa3-bf16", "FlashInfer fa3 MLA, SM90, CSR of valid slots, bf16 dequantized cache",
-                 fa3_bf16_unsupported, fa3_bf16_prepare),
+                 fa3_bf16_unsupported, fa3_bf16_prepare, FA3_TOLERANCE),
         ImplSpec("flashinfer-fa3-fp8", "FlashInfer fa3 MLA, SM90, CSR of valid slots, fp8 cache with per-tile scales",
-                 fa3_fp8_unsupported, fa3_fp8_prepare),
+                 fa3_fp8_unsupported, fa3_fp8_prepare, FA3_TOLERANCE),
     ]

@@ -60,15 +60,34 @@ DecodeRun = Callable[[], DecodeOutput]
 
 
 @dataclass(frozen=True)
+class Tolerance:
+    """How close an implementation's output must be to the reference (compare.close's rule)."""
+
+    abs_tol: float
+    rel_tol: float
+    cos_tol: float
+    why: str
+
+    def kwargs(self) -> dict:
+        return {"abs_tol": self.abs_tol, "rel_tol": self.rel_tol, "cos_tol": self.cos_tol}
+
+
+# FlashMLA's rule (compare.py explains each number): the bar for the harness's own kernels.
+STRICT = Tolerance(1e-3, 2 / 128, 5e-6, "FlashMLA's sparse-decode rule")
+
+
+@dataclass(frozen=True)
 class ImplSpec:
     """A registry entry: name, which devices it runs on, and the adapter factory.
 
     `unsupported(problem)` returns None when this machine can run the implementation on the
     problem, else one line naming the GPU and what the implementation needs.
-    `prepare(problem)` returns the DecodeRun closure.
+    `prepare(problem)` returns the DecodeRun closure. `tolerance` is the accuracy class that
+    semantic checks (check-pagetable) hold it to; bench-decode holds every kernel to STRICT.
     """
 
     name: str
     description: str
     unsupported: Callable[[DecodeProblem], str | None]
     prepare: Callable[[DecodeProblem], DecodeRun]
+    tolerance: Tolerance = STRICT

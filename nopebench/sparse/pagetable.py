@@ -232,7 +232,8 @@ def padding_rows(spec: ImplSpec, problem: DecodeProblem, registry: dict[str, Imp
     shuffled = _run(shuffled_problem(problem, seed), name, registry).out.clone()
     counts = metadata.valid_counts(problem.indices)
     active, width = int(counts.max()), problem.width
-    to_ref, to_compact = compare.close(wide, reference), compare.close(wide, compact)
+    tol = spec.tolerance.kwargs()
+    to_ref, to_compact = compare.close(wide, reference, **tol), compare.close(wide, compact, **tol)
     ok = to_ref.passed and to_compact.passed
     rows = [row("padding-bounds-active", name, ok,
                 f"W={width} ({active} active, -1 tail) vs exactly the valid entries (W={active}): "
@@ -244,7 +245,7 @@ def padding_rows(spec: ImplSpec, problem: DecodeProblem, registry: dict[str, Imp
     rows.append(row("empty-rows-zero", name, zero,
                     f"{int(empty.sum())} rows with no valid entry: " + ("all exactly zero" if zero else
                     "no such row in this case" if zero is None else f"max |out| {float(empty_out.float().abs().max()):.4g}")))
-    shuf = compare.close(shuffled, wide)
+    shuf = compare.close(shuffled, wide, **tol)
     rows.append(row("shuffled-padding", name, shuf.passed, f"-1 positions shuffled within rows: {shuf.detail}",
                     max_abs_err=shuf.max_abs_err, cos_diff=shuf.cos_diff))
     return rows
@@ -299,7 +300,7 @@ def capture_replay(spec: ImplSpec, problem: DecodeProblem, registry: dict[str, I
     graph.replay()
     torch.cuda.synchronize()
     replay = compare.close(captured.out, eager)
-    to_ref = compare.close(eager, reference)
+    to_ref = compare.close(eager, reference, **spec.tolerance.kwargs())
     exact = bool(torch.equal(captured.out, eager))
     return row("cuda-graph-capture", spec.name, replay.passed and to_ref.passed,
                f"T={problem.tokens} H={problem.heads} W={problem.width}: captured and replayed; replay vs eager "
