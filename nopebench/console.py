@@ -66,15 +66,20 @@ def print_json(data: object) -> None:
     print(json.dumps(_jsonable(data), indent=2))
 
 
-@contextmanager
-def progress_bar(description: str, total: int | None, transient: bool = True):
-    """A progress bar on stderr; yields advance(label) to step it.
+def new_progress(transient: bool = True) -> Progress:
+    """The project's progress display on stderr (spinner, label, bar, n/total, elapsed).
 
     Shown only on a terminal: piped or captured, rich would still end the bar with a stray
     blank line, so an error after it would no longer be the one line on stderr.
     """
     columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
-    with Progress(*columns, console=err_console, transient=transient, disable=not err_console.is_terminal) as bar:
+    return Progress(*columns, console=err_console, transient=transient, disable=not err_console.is_terminal)
+
+
+@contextmanager
+def progress_bar(description: str, total: int | None, transient: bool = True):
+    """A progress bar (new_progress) with one task; yields advance(label) to step it."""
+    with new_progress(transient) as bar:
         task = bar.add_task(description, total=total)
 
         def advance(label: str | None = None) -> None:

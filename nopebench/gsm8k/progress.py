@@ -10,14 +10,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
+from rich.progress import Progress
 
 from nopebench import console as out
 
@@ -83,11 +76,7 @@ class Tracker:
 
     @contextmanager
     def display(self) -> Iterator[None]:
-        columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn()]
-        # Only on a terminal: piped, rich would leave a blank line before a following error line.
-        with Progress(*columns, console=out.err_console, transient=True,
-                      disable=not out.err_console.is_terminal) as progress:
+        with out.new_progress() as progress:
             self._progress = progress
             self._task = progress.add_task("GSM8K: building prompts", total=self.total)
             try:
