@@ -11,7 +11,7 @@ import dataclasses
 
 import torch
 
-from nopebench import rowformat
+from nopebench.decode.cases import build_cache
 from nopebench.decode.native import native_decode, plan_launch
 
 
@@ -28,12 +28,9 @@ def main() -> None:
     ap.add_argument("--max-block-h", type=int, default=64)
     args = ap.parse_args()
     rows, width, active = 1 << 20, 2176, 2051
-    cache = torch.empty(rows // 64, 64, 528, dtype=torch.uint8, device="cuda")
-    for s in range(0, rows, 1 << 18):
-        kv = torch.randn(1 << 18, 512, device="cuda").to(torch.bfloat16)
-        rowformat.write_cache(cache, kv, None, torch.arange(s, s + (1 << 18), device="cuda"), "arbitrary_fp32")
+    cache, usable = build_cache("nope", rows, 64, "arbitrary_fp32", "cuda")
     idx = torch.full((args.tokens, width), -1, dtype=torch.int32, device="cuda")
-    idx[:, :active] = torch.randint(0, rows, (args.tokens, active), device="cuda", dtype=torch.int32)
+    idx[:, :active] = torch.randint(0, usable, (args.tokens, active), device="cuda", dtype=torch.int32)
     q = torch.randn(args.tokens, args.heads, 512, device="cuda").clamp(-1, 1).to(torch.bfloat16)
     plan = plan_launch(args.tokens, args.heads, width, torch.cuda.get_device_properties(0).multi_processor_count,
                        block_n=args.block_n, num_warps=args.warps, splits=args.splits, max_block_h=args.max_block_h)

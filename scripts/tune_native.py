@@ -1,8 +1,8 @@
 """Tuning sweep for the native Triton decode kernel (a developer tool, not a product command).
 
 Checks every launch variant against the reference, then times it with the project's one timing
-function, on the bench-decode problem: a 1M-row cache with unused rows poisoned (0xFF bytes are
-NaN as fp8 and as fp32 scales), 2176-wide index rows with 2051 random valid slots and a -1 tail.
+function, on the bench-decode problem: bench-decode's 1M-row cache (cases.build_cache: unused
+rows NaN-poisoned), 2176-wide index rows with 2051 random valid slots and a -1 tail.
 Writes tune.csv (every variant) to $OUT or ./tune-out and prints the best per case.
 
     PYTHONPATH=$PWD:/tmp/site python3 scripts/tune_native.py [--quick]
@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from nopebench.compare import close
+from nopebench.decode.cases import build_cache
 from nopebench.decode.native import LaunchPlan, native_decode, plan_launch
 from nopebench.environment import environment_header
 from nopebench.records import write_csv, write_json
@@ -28,22 +29,6 @@ from nopebench.timing import measure_ceilings, time_gpu
 
 ROWS = 1 << 20
 WIDTH, ACTIVE = 2176, 2051
-
-
-def make_cache(row_bytes: int, rope: int, gen: torch.Generator) -> tuple[torch.Tensor, int]:
-    """A packed cache whose last 1/16 of rows are NaN poison; returns (cache, usable rows)."""
-    from nopebench import rowformat
-
-    usable = ROWS - ROWS // 16
-    cache = torch.full((ROWS // 64, 64, row_bytes), 0xFF, dtype=torch.uint8, device="cuda")
-    step = 1 << 18
-    for s in range(0, usable, step):
-        n = min(step, usable - s)
-        kv = torch.randn(n, 512, device="cuda", generator=gen).to(torch.bfloat16)
-        pe = (torch.randn(n, 64, device="cuda", generator=gen)).to(torch.bfloat16) if rope else None
-        slots = torch.arange(s, s + n, device="cuda")
-        rowformat.write_cache(cache, kv, pe, slots, "arbitrary_fp32")
-    return cache, usable
 
 
 def make_indices(tokens: int, usable: int, gen: torch.Generator) -> torch.Tensor:
@@ -100,7 +85,7 @@ def main() -> int:
     gen = torch.Generator(device="cuda").manual_seed(1234)
     ceil = measure_ceilings()
     print(f"ceilings: copy {ceil.copy_gbps:.0f} GB/s, bf16 matmul {ceil.matmul_tflops:.0f} TFLOP/s", flush=True)
-    caches = {m: make_cache(528 if m == "nope" else 656, 0, gen) for m in args.modes.split(",")}
+    caches = {m: build_cache(m, ROWS, 64, "arbitrary_fp32", "cuda", seed=1234) for m in args.modes.split(",")}
     rows = []
     for case in args.cases.split(","):
         heads, tokens = map(int, case.split("x"))
