@@ -14,7 +14,7 @@ import torch
 from native_cases import decode_inputs
 
 from nopebench.compare import close
-from nopebench.decode.native import plan_launch
+from nopebench.decode.native import HOPPER_SMEM, hopper_smem_bytes, plan_hopper, plan_launch
 from nopebench.sparse.reference import sparse_decode_reference
 
 SCALE = 0.0625
@@ -23,8 +23,14 @@ SCALE = 0.0625
 @pytest.mark.parametrize("heads", [1, 16, 20, 32, 64, 100, 128])
 @pytest.mark.parametrize("tokens", [1, 8, 64, 512])
 @pytest.mark.parametrize("width", [64, 2048, 2176, 2200])
-def test_plan_covers_every_entry_and_head_exactly_once(heads, tokens, width):
-    plan = plan_launch(tokens, heads, width, sms=132)
+@pytest.mark.parametrize("planner", ["triton", "hopper-nope", "hopper-rope"])
+def test_plan_covers_every_entry_and_head_exactly_once(heads, tokens, width, planner):
+    if planner == "triton":
+        plan = plan_launch(tokens, heads, width, sms=132)
+    else:
+        rope = planner == "hopper-rope"
+        plan = plan_hopper(tokens, heads, width, rope, sms=132)
+        assert hopper_smem_bytes(plan.block_h, plan.num_stages, rope) <= HOPPER_SMEM
     assert plan.block_h * plan.head_blocks >= heads > plan.block_h * (plan.head_blocks - 1)
     assert plan.entries_per_split % plan.block_n == 0
     assert (plan.splits - 1) * plan.entries_per_split < width <= plan.splits * plan.entries_per_split
@@ -32,9 +38,58 @@ def test_plan_covers_every_entry_and_head_exactly_once(heads, tokens, width):
 
 
 def test_plan_splits_only_when_programs_are_few():
-    assert plan_launch(512, 64, 2176, 132).splits == 1
-    assert plan_launch(1, 16, 2176, 132).splits > 16
-    assert plan_launch(512, 128, 2176, 132).head_blocks == 2
+    for plan in (plan_launch, lambda t, h, w, s: plan_hopper(t, h, w, False, s)):
+        assert plan(512, 64, 2176, 132).splits == 1
+        assert plan(1, 16, 2176, 132).splits > 16
+        assert plan(512, 128, 2176, 132).head_blocks == 2
+
+
+def test_hopper_shared_memory_model_covers_the_compiled_kernels():
+    """Dynamic shared bytes of the kernels compiled for sm_90 by Triton 3.9 (3.6, on the H200,
+    asks 512 more: 232960 for 64 heads with RoPE). The model must cover both, tightly."""
+    compiled = {(16, 2, False, 64): 152320, (16, 3, False, 64): 186368, (64, 2, False, 64): 207872,
+                (16, 2, True, 64): 170752, (64, 2, True, 64): 232448, (16, 1, False, 128): 220160,
+                (16, 1, True, 128): 238592, (32, 2, True, 64): 191488}
+    for (block_h, stages, rope, block_n), nbytes in compiled.items():
+        assert 0 <= hopper_smem_bytes(block_h, stages, rope, block_n) - (nbytes + 512) <= 256
+    assert plan_hopper(512, 64, 2176, True).block_h == 32  # 64 heads with RoPE lanes do not fit
+    with pytest.raises(ValueError, match="shared memory"):
+        plan_hopper(512, 64, 2176, True, stages=4)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the kernel itself runs in the GPU tests")
+@pytest.mark.parametrize("block_h, block_n, stages, rope", [(16, 128, 1, False), (16, 64, 2, True),
+                                                             (64, 64, 2, False), (32, 64, 2, True)])
+def test_hopper_kernel_compiles_for_sm90_within_its_budget(block_h, block_n, stages, rope):
+    """Compile-only, no GPU: Triton builds the Gluon kernel for sm_90 in each shape the planner
+    uses, with wgmma, no register spills, and no more shared memory than the planner assumes."""
+    import re
+    from pathlib import Path
+
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from nopebench.decode import hopper_decode
+
+    sig = {name: "i32" for name in ("heads", "width", "entries_per_split", "stride_qt", "stride_qh", "stride_it",
+                                    "stride_ot", "stride_oh", "stride_os", "stride_lt", "stride_ls")}
+    sig.update(q_ptr="*bf16", cache_ptr="*u8", idx_ptr="*i32", out_ptr="*fp32", lse_ptr="*fp32", qk_scale_log2="fp32")
+    consts = dict(BLOCK_H=block_h, BLOCK_N=block_n, ROW_BYTES=656 if rope else 528, ROPE=rope, HEAD_BLOCKS=1,
+                  NUM_STAGES=stages, S_WARPS_M=8 if block_n == 128 else 4)
+    names = list(hopper_decode.hopper_decode_kernel.arg_names)
+    src = GluonASTSource(hopper_decode.hopper_decode_kernel, {n: sig.get(n, "constexpr") for n in names}, consts,
+                         {(i,): [["tt.divisibility", 16]] for i in range(5)})
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
+    assert "wgmma.mma_async" in compiled.asm["ptx"]
+    assert compiled.metadata.shared + 512 <= hopper_smem_bytes(block_h, stages, rope, block_n) <= HOPPER_SMEM
+    cuobjdump = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
+    if cuobjdump.exists():
+        cubin = Path(os.environ.get("TMPDIR", "/tmp")) / f"nopebench-hopper-{os.getpid()}.cubin"
+        cubin.write_bytes(compiled.asm["cubin"])
+        usage = subprocess.run([str(cuobjdump), "--dump-resource-usage", str(cubin)], capture_output=True, text=True)
+        cubin.unlink()
+        assert re.search(r"STACK:0 ", usage.stdout), usage.stdout  # no spills
 
 
 INTERPRETER_SCRIPT = textwrap.dedent("""
@@ -88,15 +143,29 @@ GPU_GRID = [(h, t, w, rope, rb) for h in (16, 32, 64, 128) for t in (1, 8, 64) f
             for rope, rb in ((0, 528), (0, 656), (64, 656))]
 
 
+def gpu_plan(kernel: str, tokens: int, heads: int, width: int, rope: int):
+    """The launch plan of one of the two kernels; the Hopper one is skipped off SM90."""
+    from nopebench.decode.native import hopper_available, plan_hopper
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    if kernel == "triton":
+        return plan_launch(tokens, heads, width, sms)
+    if not hopper_available(0):
+        pytest.skip("the Hopper kernel needs an SM90 GPU and Triton's Gluon")
+    return plan_hopper(tokens, heads, width, bool(rope), sms)
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["triton", "hopper"])
 @pytest.mark.parametrize("heads, tokens, width, rope, row_bytes", GPU_GRID)
-def test_native_matches_reference_on_gpu(heads, tokens, width, rope, row_bytes):
+def test_native_matches_reference_on_gpu(heads, tokens, width, rope, row_bytes, kernel):
     from nopebench.decode.native import native_decode
 
     q, cache, idx = decode_inputs(heads, tokens, width, rope, row_bytes, "cuda", seed=heads * 7 + tokens, rows=4096)
-    got = native_decode(q, cache, idx, SCALE, rope)  # kernel first, reference second
+    plan = gpu_plan(kernel, tokens, heads, width, rope)
+    got = native_decode(q, cache, idx, SCALE, rope, plan)  # kernel first, reference second
     got.out.fill_(float("nan"))
-    got = native_decode(q, cache, idx, SCALE, rope)
+    got = native_decode(q, cache, idx, SCALE, rope, plan)
     ref, lse = sparse_decode_reference(q, cache, idx, SCALE, rope)
     cmp = close(got.out, ref)
     assert cmp.passed, cmp.detail
@@ -106,11 +175,12 @@ def test_native_matches_reference_on_gpu(heads, tokens, width, rope, row_bytes):
 
 
 @pytest.mark.gpu
-def test_native_replays_in_a_cuda_graph():
+@pytest.mark.parametrize("kernel", ["triton", "hopper"])
+def test_native_replays_in_a_cuda_graph(kernel):
     from nopebench.decode.native import DecodeBuffers, native_decode
 
     q, cache, idx = decode_inputs(16, 64, 2176, 0, 528, "cuda", rows=4096)
-    plan = plan_launch(64, 16, 2176, torch.cuda.get_device_properties(0).multi_processor_count)
+    plan = gpu_plan(kernel, 64, 16, 2176, 0)
     bufs = DecodeBuffers.allocate(64, 16, plan, "cuda")
     eager = native_decode(q, cache, idx, SCALE, 0, plan, bufs).out.clone()
     graph = torch.cuda.CUDAGraph()

@@ -1,7 +1,10 @@
-"""The `native` decode implementation: the harness's own Triton kernel over the packed cache.
+"""The `native` decode implementation: the harness's own kernels over the packed cache.
 
-`plan_launch` is the pure launch heuristic (tested on CPU); `native_decode` checks arguments,
-allocates the outputs and launches; `native_spec` is the registry entry.
+Two kernels with one contract: `hopper_decode` (Gluon, wgmma and cp.async; SM90 only) and
+`triton_decode` (portable Triton, any SM80+ GPU and Triton's CPU interpreter). `plan_hopper` and
+`plan_launch` are their pure launch heuristics (tested on CPU); `choose_plan` picks by GPU;
+`native_decode` checks arguments, allocates the outputs and launches; `native_spec` is the
+registry entry.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ class LaunchPlan:
     num_stages: int = 1
     prefetch: bool = True
     factored: bool = False
+    kernel: str = "triton"  # "triton": portable SM80+ kernel; "hopper": the SM90 Gluon kernel
 
     @property
     def programs(self) -> int:
@@ -74,6 +78,69 @@ def plan_launch(tokens: int, heads: int, width: int, sms: int = DEFAULT_SMS,
     return LaunchPlan(block_h, head_blocks, block_n, splits, per_split, warps, stages, prefetch)
 
 
+HOPPER_SMEM = 232448  # opt-in shared memory per block on H100/H200 (227 KB)
+
+
+def hopper_smem_bytes(block_h: int, stages: int, rope: bool, block_n: int = 64) -> int:
+    """Shared memory of the Hopper kernel: the gather ring (fp8 tiles, scales, index, RoPE lanes),
+    the dequantized tile, q, P, and compiler scratch (Triton 3.6 takes 512 bytes more than 3.9)."""
+    ring = stages * block_n * (512 + 16 + 4 + (128 if rope else 0))
+    fixed = block_n * 512 * 2 + 4 * block_h * 128 * 2 + block_n * block_h * 2 + (block_h * 128 if rope else 0)
+    return ring + fixed + 1024
+
+
+def plan_hopper(tokens: int, heads: int, width: int, rope: bool, sms: int = DEFAULT_SMS,
+                stages: int | None = None, splits: int | None = None, block_n: int | None = None,
+                block_h: int | None = None) -> LaunchPlan:
+    """Launch shape for the SM90 kernel, from the H200 sweeps in results/reference/decode-tuning/.
+
+    One program per SM, so: with many programs, as many heads per program as shared memory
+    allows (every head block re-gathers the rows), and at 16 heads 128-row blocks whose scores
+    split by key across the two warpgroups (no operand read twice) with a one-slot ring. With
+    few programs (1-32 tokens), 16 heads per program and the top-k range split to fill the SMs.
+    """
+    few = tokens * -(-heads // 16) < sms
+    if block_h is None:
+        cands = (16,) if few else tuple(bh for bh in (64, 32, 16) if bh <= max(16, _next_pow2(heads)))
+    else:
+        cands = (block_h,)
+    if block_n is None:
+        wide = heads <= 16 and not few and stages in (None, 1) and hopper_smem_bytes(16, 1, rope, 128) <= HOPPER_SMEM
+        block_n = 128 if wide else 64
+    stages = stages or (1 if block_n == 128 else 2)
+    fits = [bh for bh in cands if hopper_smem_bytes(bh, stages, rope, block_n) <= HOPPER_SMEM]
+    if not fits:
+        raise ValueError(f"{stages} gather stages of {block_n} rows need more shared memory than SM90 has")
+    block_h = fits[0]
+    head_blocks = -(-heads // block_h)
+    rows = tokens * head_blocks
+    blocks = -(-width // block_n)
+    if splits is None:
+        splits = 1 if rows >= sms else min(blocks, -(-sms // rows))
+    per_split = -(-blocks // splits) * block_n
+    splits = -(-width // per_split)
+    return LaunchPlan(block_h, head_blocks, block_n, splits, per_split, num_warps=8, num_stages=stages,
+                      prefetch=False, kernel="hopper")
+
+
+def hopper_available(device) -> bool:
+    """The Gluon kernel runs on SM90 only (wgmma), and needs a Triton with Gluon."""
+    if torch.cuda.get_device_capability(device)[0] != 9:
+        return False
+    try:
+        from nopebench.decode import hopper_decode  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def choose_plan(tokens: int, heads: int, width: int, rope_dim: int, device) -> LaunchPlan:
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    if hopper_available(device):
+        return plan_hopper(tokens, heads, width, bool(rope_dim), sms)
+    return plan_launch(tokens, heads, width, sms)
+
+
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -110,8 +177,7 @@ def native_decode(q: torch.Tensor, cache: torch.Tensor, indices: torch.Tensor, s
     tokens, heads, _ = q.shape
     width = indices.shape[1]
     if plan is None:
-        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else DEFAULT_SMS
-        plan = plan_launch(tokens, heads, width, sms)
+        plan = choose_plan(tokens, heads, width, rope_dim, q.device) if q.is_cuda else plan_launch(tokens, heads, width)
     if buffers is None:
         buffers = DecodeBuffers.allocate(tokens, heads, plan, q.device)
     out, lse, part, part_lse = buffers.out, buffers.lse, buffers.part, buffers.part_lse
@@ -120,15 +186,22 @@ def native_decode(q: torch.Tensor, cache: torch.Tensor, indices: torch.Tensor, s
     stride_os = part.stride(0) if plan.splits > 1 else 0
     stride_ls = part_lse.stride(0) if plan.splits > 1 else 0
     grid = (tokens * plan.head_blocks, plan.splits)
-    k.sparse_decode_kernel[grid](
-        q, cache, indices, part, part_lse,
-        heads, width, plan.entries_per_split, softmax_scale * k.LOG2E,
-        q.stride(0), q.stride(1), indices.stride(0),
-        part.stride(-3), part.stride(-2), stride_os, part_lse.stride(-2), stride_ls,
-        BLOCK_H=plan.block_h, BLOCK_N=plan.block_n, ROW_BYTES=cache.shape[-1], ROPE=bool(rope_dim),
-        HEAD_BLOCKS=plan.head_blocks, PREFETCH=plan.prefetch, NUM_STAGES=plan.num_stages,
-        F32_DOT=_interpreting(), FACTORED=plan.factored, num_warps=plan.num_warps,
-    )
+    args = (q, cache, indices, part, part_lse,
+            heads, width, plan.entries_per_split, softmax_scale * k.LOG2E,
+            q.stride(0), q.stride(1), indices.stride(0),
+            part.stride(-3), part.stride(-2), stride_os, part_lse.stride(-2), stride_ls)
+    if plan.kernel == "hopper":
+        from nopebench.decode import hopper_decode
+
+        hopper_decode.hopper_decode_kernel[grid](
+            *args, BLOCK_H=plan.block_h, BLOCK_N=plan.block_n, ROW_BYTES=cache.shape[-1], ROPE=bool(rope_dim),
+            HEAD_BLOCKS=plan.head_blocks, NUM_STAGES=plan.num_stages, S_WARPS_M=8 if plan.block_n == 128 else 4,
+            num_warps=plan.num_warps)
+    else:
+        k.sparse_decode_kernel[grid](
+            *args, BLOCK_H=plan.block_h, BLOCK_N=plan.block_n, ROW_BYTES=cache.shape[-1], ROPE=bool(rope_dim),
+            HEAD_BLOCKS=plan.head_blocks, PREFETCH=plan.prefetch, NUM_STAGES=plan.num_stages,
+            F32_DOT=_interpreting(), FACTORED=plan.factored, num_warps=plan.num_warps)
     if plan.splits > 1:
         k.combine_kernel[(tokens * heads,)](
             part, part_lse, out, lse, heads, plan.splits,
@@ -153,8 +226,7 @@ def _unsupported(problem: DecodeProblem) -> str | None:
 
 
 def _prepare(problem: DecodeProblem) -> DecodeRun:
-    sms = torch.cuda.get_device_properties(problem.q.device).multi_processor_count
-    plan = plan_launch(problem.tokens, problem.heads, problem.width, sms)
+    plan = choose_plan(problem.tokens, problem.heads, problem.width, problem.rope_dim, problem.q.device)
     buffers = DecodeBuffers.allocate(problem.tokens, problem.heads, plan, problem.q.device)
 
     def run() -> DecodeOutput:
@@ -167,7 +239,8 @@ def _prepare(problem: DecodeProblem) -> DecodeRun:
 def native_spec() -> ImplSpec:
     return ImplSpec(
         name="native",
-        description="nopebench Triton kernel: packed fp8 rows read in place, dequantized in registers",
+        description="nopebench kernel (Gluon/wgmma on SM90, portable Triton elsewhere): packed fp8 rows read "
+                    "in place, dequantized on chip",
         unsupported=_unsupported,
         prepare=_prepare,
     )
