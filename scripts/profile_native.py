@@ -2,6 +2,8 @@
 
     ncu --clock-control none -k regex:sparse_decode --launch-skip 2 --launch-count 1 \
         python3 scripts/profile_native.py --heads 16 --tokens 512 --block-n 32 --splits 2
+    ncu --clock-control none -k regex:hopper_decode --launch-skip 2 --launch-count 1 \
+        python3 scripts/profile_native.py --hopper --heads 16 --tokens 512
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import dataclasses
 import torch
 
 from nopebench.decode.cases import build_cache
-from nopebench.decode.native import native_decode, plan_launch
+from nopebench.decode.native import native_decode, plan_hopper, plan_launch
 
 
 def main() -> None:
@@ -26,6 +28,7 @@ def main() -> None:
     ap.add_argument("--no-prefetch", action="store_true")
     ap.add_argument("--factored", action="store_true")
     ap.add_argument("--max-block-h", type=int, default=64)
+    ap.add_argument("--hopper", action="store_true", help="the SM90 Gluon kernel (--stages, --splits apply)")
     args = ap.parse_args()
     rows, width, active = 1 << 20, 2176, 2051
     cache, usable = build_cache("nope", rows, 64, "arbitrary_fp32", "cuda")
@@ -35,6 +38,9 @@ def main() -> None:
     plan = plan_launch(args.tokens, args.heads, width, torch.cuda.get_device_properties(0).multi_processor_count,
                        block_n=args.block_n, num_warps=args.warps, splits=args.splits, max_block_h=args.max_block_h)
     plan = dataclasses.replace(plan, prefetch=not args.no_prefetch, num_stages=args.stages, factored=args.factored)
+    if args.hopper:
+        plan = plan_hopper(args.tokens, args.heads, width, False, stages=args.stages, splits=args.splits,
+                           block_n=args.block_n)
     for _ in range(4):
         native_decode(q, cache, idx, 0.0625, 0, plan)
     torch.cuda.synchronize()

@@ -21,7 +21,12 @@ import torch
 
 from nopebench.compare import close
 from nopebench.decode.cases import build_cache
-from nopebench.decode.native import LaunchPlan, native_decode, plan_launch
+from nopebench.decode.native import (
+    LaunchPlan,
+    native_decode,
+    plan_hopper,
+    plan_launch,
+)
 from nopebench.environment import environment_header
 from nopebench.records import write_csv, write_json
 from nopebench.sparse.reference import sparse_decode_reference
@@ -65,7 +70,29 @@ def explore(heads: int, tokens: int) -> list[dict]:
             dict(block_n=32, num_warps=4, max_block_h=32, prefetch=False, num_stages=3)]
 
 
-def build_plan(tokens: int, heads: int, v: dict) -> LaunchPlan:
+def hopper_variants(heads: int, tokens: int, rope: bool) -> list[dict]:
+    """The SM90 Gluon kernel: its default plan, then the alternatives the planner chose between."""
+    cands = [dict(kernel="hopper"), dict(kernel="hopper", block_n=64), dict(kernel="hopper", stages=3),
+             dict(kernel="hopper", block_h=32), dict(kernel="hopper", block_h=64)]
+    if tokens * heads < 132 * 16:
+        cands += [dict(kernel="hopper", splits=34), dict(kernel="hopper", block_n=128, stages=1, block_h=16)]
+    out, seen = [], set()
+    for v in cands:
+        try:
+            plan = build_plan(tokens, heads, v, rope)
+        except ValueError:
+            continue
+        if plan not in seen and plan.block_h <= max(16, heads):
+            seen.add(plan)
+            out.append(v)
+    return out
+
+
+def build_plan(tokens: int, heads: int, v: dict, rope: bool = False) -> LaunchPlan:
+    if v.get("kernel", "").startswith("hopper"):
+        return plan_hopper(tokens, heads, WIDTH, rope, torch.cuda.get_device_properties(0).multi_processor_count,
+                           stages=v.get("stages"), splits=v.get("splits"), block_n=v.get("block_n"),
+                           block_h=v.get("block_h"))
     base = plan_launch(tokens, heads, WIDTH, torch.cuda.get_device_properties(0).multi_processor_count,
                        block_n=v["block_n"], num_warps=v["num_warps"], splits=v.get("splits"),
                        max_block_h=v.get("max_block_h", 64))
@@ -79,6 +106,7 @@ def main() -> int:
     ap.add_argument("--cases", default="16x512,64x512,16x1,64x1,128x512")
     ap.add_argument("--explore", action="store_true", help="structural alternatives instead of the block/warp grid")
     ap.add_argument("--modes", default="nope,shim")
+    ap.add_argument("--hopper", action="store_true", help="the SM90 Gluon kernel's variants instead")
     args = ap.parse_args()
     out_dir = Path(os.environ.get("OUT", "tune-out"))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -98,12 +126,14 @@ def main() -> int:
                     q[..., 512:] = 0
             idxs = [make_indices(tokens, usable, gen) for _ in range(sets)]
             ref, ref_lse = sparse_decode_reference(qs[0], cache, idxs[0], 0.0625, rope)
-            if args.explore:
+            if args.hopper:
+                vs = hopper_variants(heads, tokens, bool(rope))
+            elif args.explore:
                 vs = explore(heads, tokens)
             else:
                 vs = variants(heads, tokens, args.quick) if mode == "nope" else variants(heads, tokens, True)
             for v in vs:
-                plan = build_plan(tokens, heads, v)
+                plan = build_plan(tokens, heads, v, bool(rope))
                 row = {"heads": heads, "tokens": tokens, "mode": mode, **dataclasses.asdict(plan)}
                 try:
                     t0 = time.time()
@@ -122,7 +152,7 @@ def main() -> int:
                     row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
                 rows.append(row)
                 print({k: row.get(k) for k in ("heads", "tokens", "mode", "block_h", "block_n", "num_warps", "prefetch",
-                                               "num_stages", "splits", "factored", "passed", "max_abs_err",
+                                               "num_stages", "splits", "kernel", "passed", "max_abs_err",
                                                "median_ms", "tbps", "tflops", "error")}, flush=True)
             write_csv(out_dir / "tune.csv", rows)
     write_json(out_dir / "tune_env.json", {**environment_header(), **ceil.as_row()})
@@ -134,7 +164,7 @@ def main() -> int:
     for (h, t, m), g in ok.groupby(["heads", "tokens", "mode"]):
         b = g.sort_values("median_ms").iloc[0]
         print(f"H={h:<4} T={t:<4} {m:5} {b.median_ms:.4f} ms  bn={b.block_n} w={b.num_warps} pf={b.prefetch} "
-              f"st={b.num_stages} sp={b.splits} {b.tbps:.2f} TB/s {b.tflops:.0f} TFLOP/s")
+              f"st={b.num_stages} sp={b.splits} {b.kernel} {b.tbps:.2f} TB/s {b.tflops:.0f} TFLOP/s")
     return 0
 
 
