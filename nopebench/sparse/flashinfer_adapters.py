@@ -307,13 +307,14 @@ def fa3_fp8_prepare(problem: DecodeProblem) -> DecodeRun:
     return _fa3_prepare(problem, fp8=True)
 
 
-# FlashInfer's fa3 MLA, measured on the H200 (results/reference/h200-run/): cosine difference
-# 4.4e-6 to 5.3e-6 from the reference, and about 1 element in 30,000 beyond 2 bf16 ulps, on
-# FlashMLA's test distribution, where the native kernel stays under 2e-6. Its semantic checks use
-# this class; dropping the 3 kpool entries of a 2051-entry row (the bug they exist for) moves
-# the cosine by ~1.5e-4 and 12% of elements past 4 ulps, well outside it
-# (tests/test_adapter_memo.py).
-FA3_TOLERANCE = Tolerance(1e-3, 4 / 128, 2e-5, "FlashInfer fa3's measured accuracy class (H200)")
+# FlashInfer's fa3 MLA, measured on the H200 (results/reference/h200-run/, hopper-decode/):
+# cosine difference 4.4e-6 to 5.3e-6 from the reference, about 1 element in 30,000 beyond 2 bf16
+# ulps, and on the 16-token adapter test 1 element in 131,072 (0.0008%) beyond 4, on FlashMLA's
+# test distribution, where the native kernel stays under 2e-6 with none. Its semantic checks use
+# this class: 4 ulps, at most 0.01% of elements outside, cosine 2e-5. Dropping the 3 kpool
+# entries of a 2051-entry row (the bug they exist for) moves the cosine by ~1.5e-4 and 12% of
+# elements past 4 ulps, far outside it (tests/test_adapter_memo.py).
+FA3_TOLERANCE = Tolerance(1e-3, 4 / 128, 2e-5, "FlashInfer fa3's measured accuracy class (H200)", max_mismatch=1e-4)
 
 
 def flashinfer_specs() -> list[ImplSpec]:
