@@ -25,7 +25,13 @@ def package_version(name: str) -> str | None:
 
 
 def git_state() -> dict[str, Any]:
-    """Commit and dirty flag of the checkout the harness runs from (None outside git)."""
+    """Commit and dirty flag of the checkout the harness runs from (None outside git).
+
+    NOPEBENCH_GIT_SHA (and NOPEBENCH_GIT_DIRTY=1) override git: a launcher that copies the tree
+    to a GPU machine knows the commit, while a .git carried along with the copy may be stale.
+    """
+    if os.environ.get("NOPEBENCH_GIT_SHA"):
+        return {"git_sha": os.environ["NOPEBENCH_GIT_SHA"], "git_dirty": os.environ.get("NOPEBENCH_GIT_DIRTY") == "1"}
 
     def git(*args: str) -> str | None:
         try:
@@ -36,9 +42,6 @@ def git_state() -> dict[str, Any]:
 
     sha = git("rev-parse", "HEAD")
     status = git("status", "--porcelain", "--untracked-files=no")
-    if sha is None and os.environ.get("NOPEBENCH_GIT_SHA"):
-        # A copy of the tree without .git (a remote GPU machine): the launcher says which commit.
-        return {"git_sha": os.environ["NOPEBENCH_GIT_SHA"], "git_dirty": os.environ.get("NOPEBENCH_GIT_DIRTY") == "1"}
     return {"git_sha": sha, "git_dirty": None if status is None else bool(status)}
 
 

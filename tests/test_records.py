@@ -88,3 +88,17 @@ def test_csv_is_full_precision(tmp_path):
 def test_csv_missing_values(tmp_path):
     back = pd.read_csv(write_csv(tmp_path / "x.csv", [{"worst": None}, {"worst": math.nan}, {"worst": 1.0}]))
     assert back["worst"].isna().tolist() == [True, True, False]
+
+
+def test_launcher_named_commit_overrides_the_checkout(monkeypatch):
+    """A GPU machine's copy of the tree may carry a stale .git: the launcher's sha wins."""
+    from nopebench.environment import git_state
+
+    monkeypatch.delenv("NOPEBENCH_GIT_SHA", raising=False)
+    own = git_state()
+    monkeypatch.setenv("NOPEBENCH_GIT_SHA", "0123abc")
+    monkeypatch.setenv("NOPEBENCH_GIT_DIRTY", "0")
+    assert git_state() == {"git_sha": "0123abc", "git_dirty": False}
+    monkeypatch.setenv("NOPEBENCH_GIT_DIRTY", "1")
+    assert git_state()["git_dirty"] is True
+    assert own["git_sha"] != "0123abc"
