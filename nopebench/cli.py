@@ -44,10 +44,10 @@ def _dispatch(fn: Callable[[], int]) -> None:
 @app.command()
 def build(
     arch: Annotated[str | None, typer.Option(help="Comma-separated targets, e.g. sm_90a,sm_120a (default: the local GPU).")] = None,
-    compile_only: Annotated[bool, typer.Option("--compile-only", help="Build sm_90a, sm_100a and sm_120a without a GPU; load nothing.")] = False,
+    compile_only: Annotated[bool, typer.Option("--compile-only", help="Build sm_90a, sm_100a and sm_120a and the SM90 decode kernel without a GPU; load nothing.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Rebuild even when the source hash is unchanged.")] = False,
 ) -> None:
-    """Compile the CUDA cache kernels (cached by source hash)."""
+    """Compile the CUDA cache kernels (cached by source hash); --compile-only also the SM90 decode kernel."""
     from nopebench.cache_kernels import build_command
 
     _dispatch(lambda: build_command(arch=arch, compile_only=compile_only, force=force))

@@ -1,4 +1,5 @@
-"""`nopebench build`: compile the cache kernels, show what ptxas made of them, load them."""
+"""`nopebench build`: compile the cache kernels, show what ptxas made of them, load them; with
+--compile-only also the SM90 decode kernel (Triton, no GPU needed)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from nopebench.cache_kernels.build import (
     parse_targets,
     target_for_capability,
 )
-from nopebench.errors import EXIT_OK, UnsupportedError
+from nopebench.errors import EXIT_CHECK_FAILED, EXIT_OK, UnsupportedError
 
 
 def build_command(arch: str | None, compile_only: bool, force: bool, root=DEFAULT_ROOT) -> int:
@@ -44,7 +45,31 @@ def build_command(arch: str | None, compile_only: bool, force: bool, root=DEFAUL
         load_library(torch.device("cuda"))
         loaded = local
     print_builds(results, loaded)
+    if compile_only:
+        return build_native_hopper()
     return EXIT_OK
+
+
+def build_native_hopper() -> int:
+    """Compile the SM90 decode kernel in each planned shape; exit 1 if one spills, lacks wgmma
+    or outgrows the shared memory the planner assumed. On a GPU the kernel compiles when it runs."""
+    from nopebench.decode import hopper_build
+
+    title = "nopebench build: native decode kernel (Gluon, sm_90)"
+    if (reason := hopper_build.gluon_missing()) is not None:
+        out.console.print(f"{title}: skipped, {reason}", highlight=False)
+        return EXIT_OK
+    try:
+        with out.progress_bar("native sm_90", total=len(hopper_build.PLAN_SHAPES)) as advance:
+            builds = hopper_build.build_hopper(on_done=advance)
+    except Exception as exc:  # noqa: BLE001 - Triton's compile errors have no common type
+        summary = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        raise BuildError(f"Triton failed to compile the native Hopper kernel: {summary}", str(exc), None) from None
+    rows = [(b.shape, "; ".join(b.problems) or "ok", b.seconds, b.registers, b.stack_bytes, b.shared_bytes,
+             b.planned_bytes) for b in builds]
+    columns = ["shape", "result", "compile s", "regs", "stack B", "shared B", "planned B"]
+    out.console.print(out.table(title, columns, rows))
+    return EXIT_CHECK_FAILED if any(b.problems for b in builds) else EXIT_OK
 
 
 def _local_target() -> str | None:
