@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from nopebench.decode.native import HOPPER_SMEM, hopper_smem_bytes
+from nopebench.decode.native import HOPPER_SMEM, hopper_smem_bytes, score_warps_m
 
 # (heads per program, rows per block, ring slots, RoPE lanes): every shape plan_hopper emits.
 PLAN_SHAPES = ((16, 128, 1, False), (16, 64, 2, False), (16, 64, 2, True), (32, 64, 2, False), (32, 64, 2, True),
@@ -82,7 +82,7 @@ def compile_shape(block_h: int, block_n: int, stages: int, rope: bool) -> Kernel
     signature = {n: pointers.get(n) or ("i32" if n in scalars else "fp32" if n == "qk_scale_log2" else "constexpr")
                  for n in kernel.arg_names}
     constants = dict(BLOCK_H=block_h, BLOCK_N=block_n, ROW_BYTES=656 if rope else 528, ROPE=rope, HEAD_BLOCKS=1,
-                     NUM_STAGES=stages, S_WARPS_M=8 if block_n == 128 else 4)
+                     NUM_STAGES=stages, S_WARPS_M=score_warps_m(block_n))
     aligned = {(i,): [["tt.divisibility", 16]] for i in range(len(pointers))}  # the launcher's 16-byte pointers
     start = time.perf_counter()
     compiled = triton.compile(GluonASTSource(kernel, signature, constants, aligned),

@@ -89,10 +89,16 @@ def hopper_smem_bytes(block_h: int, stages: int, rope: bool, block_n: int = 64) 
     return ring + fixed + 1024
 
 
+def score_warps_m(block_n: int) -> int:
+    """Warps along the keys in the Hopper kernel's score product: 8 (the two warpgroups split a
+    128-row block by key) or 4 (they split a 64-row block by head)."""
+    return 8 if block_n == 128 else 4
+
+
 def plan_hopper(tokens: int, heads: int, width: int, rope: bool, sms: int = DEFAULT_SMS,
                 stages: int | None = None, splits: int | None = None, block_n: int | None = None,
                 block_h: int | None = None) -> LaunchPlan:
-    """Launch shape for the SM90 kernel, from the H200 sweeps in results/reference/decode-tuning/.
+    """Launch shape for the SM90 kernel, from the H200 sweeps in results/reference/decode-tuning/hopper/.
 
     One program per SM, so: with many programs, as many heads per program as shared memory
     allows (every head block re-gathers the rows), and at 16 heads 128-row blocks whose scores
@@ -195,7 +201,7 @@ def native_decode(q: torch.Tensor, cache: torch.Tensor, indices: torch.Tensor, s
 
         hopper_decode.hopper_decode_kernel[grid](
             *args, BLOCK_H=plan.block_h, BLOCK_N=plan.block_n, ROW_BYTES=cache.shape[-1], ROPE=bool(rope_dim),
-            HEAD_BLOCKS=plan.head_blocks, NUM_STAGES=plan.num_stages, S_WARPS_M=8 if plan.block_n == 128 else 4,
+            HEAD_BLOCKS=plan.head_blocks, NUM_STAGES=plan.num_stages, S_WARPS_M=score_warps_m(plan.block_n),
             num_warps=plan.num_warps)
     else:
         k.sparse_decode_kernel[grid](
