@@ -1,11 +1,12 @@
-"""Tuning sweep for the native Triton decode kernel (a developer tool, not a product command).
+"""Tuning sweep for the native decode kernels (a developer tool, not a product command).
 
 Checks every launch variant against the reference, then times it with the project's one timing
 function, on the bench-decode problem: bench-decode's 1M-row cache (cases.build_cache: unused
 rows NaN-poisoned), 2176-wide index rows with 2051 random valid slots and a -1 tail.
 Writes tune.csv (every variant) to $OUT or ./tune-out and prints the best per case.
 
-    PYTHONPATH=$PWD:/tmp/site python3 scripts/tune_native.py [--quick]
+    PYTHONPATH=$PWD:/tmp/site python3 scripts/tune_native.py [--quick]            # portable kernel
+    PYTHONPATH=$PWD:/tmp/site python3 scripts/tune_native.py --hopper --cases 16x512,64x512,16x1,64x1
 """
 
 from __future__ import annotations
