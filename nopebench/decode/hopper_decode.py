@@ -40,12 +40,11 @@ NUM_WARPS = gl.constexpr(8)  # two warpgroups
 TILE = gl.constexpr(128)  # fp8 elements per scale tile; a row holds four
 # A row's four fp32 tile scales in one 16-byte vector, rows spread over threads as in the gathers
 # (so no layout conversion); the 8 threads that share a row copy it redundantly.
-SCALES = gl.constexpr(gl.BlockedLayout([1, 4], [4, 8], [8, 1], [1, 0]))
+SCALES = gl.constexpr(gl.BlockedLayout([1, 4], [4, 8], [NUM_WARPS, 1], [1, 0]))
 
 
 @gluon.jit
-def _issue_block(cache_ptr, idx, raw_k, raw_s, raw_r, idx_ring, stage,
-                 BLOCK_N: gl.constexpr, ROW_BYTES: gl.constexpr, ROPE: gl.constexpr,
+def _issue_block(cache_ptr, idx, raw_k, raw_s, raw_r, idx_ring, stage, ROW_BYTES: gl.constexpr, ROPE: gl.constexpr,
                  gather: gl.constexpr, rope_gather: gl.constexpr):
     """Start the cp.async gathers of one block's rows into ring slot `stage` (one commit group).
     Rows whose index is -1 are zero-filled; the index row itself is kept for the mask."""
@@ -196,7 +195,7 @@ def hopper_decode_kernel(
     AHEAD: gl.constexpr = NUM_STAGES - 1 if NUM_STAGES > 1 else 1
     for j in gl.static_range(AHEAD):
         idx = _load_idx(idx_row, start + j * BLOCK_N, end, BLOCK_N, rows_g)
-        _issue_block(cache_ptr, idx, raw_k, raw_s, raw_r, idx_ring, j, BLOCK_N, ROW_BYTES, ROPE, gather, rope_gather)
+        _issue_block(cache_ptr, idx, raw_k, raw_s, raw_r, idx_ring, j, ROW_BYTES, ROPE, gather, rope_gather)
     idx_next = _load_idx(idx_row, start + AHEAD * BLOCK_N, end, BLOCK_N, rows_g)
 
     # q for this head block, staged once as the wgmma B operand (K-major).
@@ -225,18 +224,18 @@ def hopper_decode_kernel(
         if NUM_STAGES > 1:
             # Refill the slot the previous block used; its index block was loaded an iteration ago.
             _issue_block(cache_ptr, idx_next, raw_k, raw_s, raw_r, idx_ring, (stage + NUM_STAGES - 1) % NUM_STAGES,
-                         BLOCK_N, ROW_BYTES, ROPE, gather, rope_gather)
+                         ROW_BYTES, ROPE, gather, rope_gather)
             idx_next = _load_idx(idx_row, n + NUM_STAGES * BLOCK_N, end, BLOCK_N, rows_g)
         _dequantize(raw_k, raw_s, kv_smem, stage, gather)
         s = _issue_scores(kv_smem, q_smem, raw_r, qr_smem, stage, BLOCK_N, BLOCK_H, ROPE, s_layout)
         if NUM_STAGES == 1 and not ROPE:
             # One slot: refilled as soon as it is dequantized (RoPE lanes are read by the scores).
-            _issue_block(cache_ptr, idx_next, raw_k, raw_s, raw_r, idx_ring, 0, BLOCK_N, ROW_BYTES, ROPE,
+            _issue_block(cache_ptr, idx_next, raw_k, raw_s, raw_r, idx_ring, 0, ROW_BYTES, ROPE,
                          gather, rope_gather)
             idx_next = _load_idx(idx_row, n + 2 * BLOCK_N, end, BLOCK_N, rows_g)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         if NUM_STAGES == 1 and ROPE:
-            _issue_block(cache_ptr, idx_next, raw_k, raw_s, raw_r, idx_ring, 0, BLOCK_N, ROW_BYTES, ROPE,
+            _issue_block(cache_ptr, idx_next, raw_k, raw_s, raw_r, idx_ring, 0, ROW_BYTES, ROPE,
                          gather, rope_gather)
             idx_next = _load_idx(idx_row, n + 2 * BLOCK_N, end, BLOCK_N, rows_g)
         p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, qk_scale_log2)
