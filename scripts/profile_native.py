@@ -4,6 +4,8 @@
         python3 scripts/profile_native.py --heads 16 --tokens 512 --block-n 32 --splits 2
     ncu --clock-control none -k regex:hopper_decode --launch-skip 2 --launch-count 1 \
         python3 scripts/profile_native.py --hopper --heads 16 --tokens 512
+    ncu --clock-control none -k regex:hopper_ws --launch-skip 2 --launch-count 1 \
+        python3 scripts/profile_native.py --ws --heads 16 --tokens 512
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import dataclasses
 import torch
 
 from nopebench.decode.cases import build_cache
-from nopebench.decode.native import native_decode, plan_hopper, plan_launch
+from nopebench.decode.native import native_decode, plan_hopper, plan_hopper_ws, plan_launch
 
 
 def main() -> None:
@@ -29,6 +31,7 @@ def main() -> None:
     ap.add_argument("--factored", action="store_true")
     ap.add_argument("--max-block-h", type=int, default=64)
     ap.add_argument("--hopper", action="store_true", help="the SM90 Gluon kernel (--stages, --splits apply)")
+    ap.add_argument("--ws", action="store_true", help="the warp-specialised SM90 kernel (--splits applies)")
     args = ap.parse_args()
     rows, width, active = 1 << 20, 2176, 2051
     cache, usable = build_cache("nope", rows, 64, "arbitrary_fp32", "cuda")
@@ -41,6 +44,8 @@ def main() -> None:
     if args.hopper:
         plan = plan_hopper(args.tokens, args.heads, width, False, stages=args.stages, splits=args.splits,
                            block_n=args.block_n)
+    if args.ws:
+        plan = plan_hopper_ws(args.tokens, args.heads, width, splits=args.splits)
     for _ in range(4):
         native_decode(q, cache, idx, 0.0625, 0, plan)
     torch.cuda.synchronize()

@@ -26,6 +26,7 @@ from nopebench.decode.native import (
     LaunchPlan,
     native_decode,
     plan_hopper,
+    plan_hopper_ws,
     plan_launch,
 )
 from nopebench.environment import environment_header
@@ -77,6 +78,8 @@ def hopper_variants(heads: int, tokens: int, rope: bool) -> list[dict]:
              dict(kernel="hopper", block_h=32), dict(kernel="hopper", block_h=64)]
     if tokens * heads < 132 * 16:
         cands += [dict(kernel="hopper", splits=34), dict(kernel="hopper", block_n=128, stages=1, block_h=16)]
+    if not rope and heads <= 32:  # the warp-specialised kernel: its plan, fewer ring slots, 16 heads per program
+        cands += [dict(kernel="hopper_ws"), dict(kernel="hopper_ws", slots=2), dict(kernel="hopper_ws", block_h=16)]
     out, seen = [], set()
     for v in cands:
         try:
@@ -90,7 +93,10 @@ def hopper_variants(heads: int, tokens: int, rope: bool) -> list[dict]:
 
 
 def build_plan(tokens: int, heads: int, v: dict, rope: bool = False) -> LaunchPlan:
-    if v.get("kernel", "").startswith("hopper"):
+    if v.get("kernel") == "hopper_ws":
+        return plan_hopper_ws(tokens, heads, WIDTH, torch.cuda.get_device_properties(0).multi_processor_count,
+                              slots=v.get("slots"), splits=v.get("splits"), block_h=v.get("block_h"))
+    if v.get("kernel") == "hopper":
         return plan_hopper(tokens, heads, WIDTH, rope, torch.cuda.get_device_properties(0).multi_processor_count,
                            stages=v.get("stages"), splits=v.get("splits"), block_n=v.get("block_n"),
                            block_h=v.get("block_h"))

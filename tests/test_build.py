@@ -196,7 +196,7 @@ def test_compile_only_builds_three_loadable_libraries(capsys):
     device code is for its target and whose C ABI answers (no GPU needed to load it)."""
     assert command.build_command(arch=None, compile_only=True, force=False) == 0
     table = capsys.readouterr().out
-    assert "native decode kernel (Gluon, sm_90)" in table  # compiled within budget, or said why not
+    assert "native decode kernels (Gluon, sm_90)" in table  # compiled within budget, or said why not
     results = b.build_libraries(b.COMPILE_ONLY_TARGETS)  # cached now: no nvcc call
     assert all(r.cached for r in results)
     for r in results:

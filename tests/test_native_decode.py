@@ -15,7 +15,15 @@ from native_cases import decode_inputs
 
 from nopebench.compare import close
 from nopebench.decode import hopper_build
-from nopebench.decode.native import HOPPER_SMEM, hopper_smem_bytes, plan_hopper, plan_launch
+from nopebench.decode.native import (
+    HOPPER_SMEM,
+    hopper_smem_bytes,
+    plan_hopper,
+    plan_hopper_ws,
+    plan_launch,
+    use_hopper_ws,
+    ws_smem_bytes,
+)
 from nopebench.sparse.reference import sparse_decode_reference
 
 SCALE = 0.0625
@@ -24,10 +32,13 @@ SCALE = 0.0625
 @pytest.mark.parametrize("heads", [1, 16, 20, 32, 64, 100, 128])
 @pytest.mark.parametrize("tokens", [1, 8, 64, 512])
 @pytest.mark.parametrize("width", [64, 2048, 2176, 2200])
-@pytest.mark.parametrize("planner", ["triton", "hopper-nope", "hopper-rope"])
+@pytest.mark.parametrize("planner", ["triton", "hopper-nope", "hopper-rope", "hopper-ws"])
 def test_plan_covers_every_entry_and_head_exactly_once(heads, tokens, width, planner):
     if planner == "triton":
         plan = plan_launch(tokens, heads, width, sms=132)
+    elif planner == "hopper-ws":
+        plan = plan_hopper_ws(tokens, heads, width, sms=132)
+        assert ws_smem_bytes(plan.block_h, plan.num_stages) <= HOPPER_SMEM and plan.block_h <= 32
     else:
         rope = planner == "hopper-rope"
         plan = plan_hopper(tokens, heads, width, rope, sms=132)
@@ -43,6 +54,34 @@ def test_plan_splits_only_when_programs_are_few():
         assert plan(512, 64, 2176, 132).splits == 1
         assert plan(1, 16, 2176, 132).splits > 16
         assert plan(512, 128, 2176, 132).head_blocks == 2
+    for plan in (plan_hopper_ws,):
+        assert plan(512, 64, 2176, 132).splits == 1
+        assert plan(1, 16, 2176, 132).splits > 16
+        assert plan(512, 128, 2176, 132).head_blocks == 4  # 32 heads per program at most
+
+
+def test_warp_specialised_kernel_is_chosen_where_it_was_measured_faster():
+    """NoPE, at most 32 heads, programs enough to fill the SMs (H200: 0.320 vs 0.336 ms at 16 heads,
+    0.348 vs 0.494 ms at 32; at 64 heads two head blocks of 32 lose, 0.698 vs 0.596)."""
+    assert use_hopper_ws(512, 16, 0, 132) and use_hopper_ws(512, 32, 0, 132) and use_hopper_ws(132, 20, 0, 132)
+    assert not use_hopper_ws(512, 16, 64, 132)  # RoPE rows
+    assert not use_hopper_ws(512, 64, 0, 132) and not use_hopper_ws(512, 128, 0, 132)
+    assert not use_hopper_ws(1, 16, 0, 132) and not use_hopper_ws(64, 32, 0, 132)  # few programs: split instead
+
+
+def test_warp_specialised_shared_memory_model_covers_the_compiled_kernels():
+    """Shared bytes of the warp-specialised kernel compiled for sm_90 by Triton 3.6 (the H200's)
+    and 3.9, in the shapes plan_hopper_ws emits; the model must cover both, tightly."""
+    compiled = {(16, 4): (217896, 217896), (32, 3): (219560, 219304)}
+    for (block_h, slots), sizes in compiled.items():
+        plan = plan_hopper_ws(512, block_h, 2176)
+        assert (plan.block_h, plan.num_stages) == (block_h, slots)
+        for nbytes in sizes:
+            assert 0 <= ws_smem_bytes(block_h, slots) - nbytes <= 1536
+    with pytest.raises(ValueError, match="at most 32 heads"):
+        plan_hopper_ws(512, 64, 2176, block_h=64)
+    with pytest.raises(ValueError, match="shared memory"):
+        plan_hopper_ws(512, 16, 2176, slots=6)
 
 
 def test_hopper_shared_memory_model_covers_the_compiled_kernels():
@@ -56,6 +95,18 @@ def test_hopper_shared_memory_model_covers_the_compiled_kernels():
     assert plan_hopper(512, 64, 2176, True).block_h == 32  # 64 heads with RoPE lanes do not fit
     with pytest.raises(ValueError, match="shared memory"):
         plan_hopper(512, 64, 2176, True, stages=4)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the kernel itself runs in the GPU tests")
+@pytest.mark.parametrize("case", hopper_build.WS_PLAN_CASES)
+def test_warp_specialised_kernel_compiles_for_sm90_within_its_budget(case):
+    """Compile-only, no GPU: the warp-specialised kernel as plan_hopper_ws launches it uses wgmma,
+    spills nothing under its register split, and fits the shared memory the planner assumed."""
+    if (reason := hopper_build.gluon_missing()) is not None:
+        pytest.skip(reason)
+    build = hopper_build.compile_ws_shape(*case)
+    assert build.kernel == "hopper_ws" and build.has_wgmma
+    assert build.problems == [], build.problems
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the kernel itself runs in the GPU tests")
@@ -130,19 +181,24 @@ GPU_GRID = [(h, t, w, rope, rb) for h in (16, 32, 64, 128) for t in (1, 8, 64) f
 
 
 def gpu_plan(kernel: str, tokens: int, heads: int, width: int, rope: int):
-    """The launch plan of one of the two kernels; the Hopper one is skipped off SM90."""
+    """The launch plan of one of the three kernels; the Hopper ones are skipped off SM90, the
+    warp-specialised one also for RoPE rows (it reads NoPE rows only)."""
     from nopebench.decode.native import hopper_available, plan_hopper
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     if kernel == "triton":
         return plan_launch(tokens, heads, width, sms)
     if not hopper_available(0):
-        pytest.skip("the Hopper kernel needs an SM90 GPU and Triton's Gluon")
+        pytest.skip("the Hopper kernels need an SM90 GPU and Triton's Gluon")
+    if kernel == "hopper_ws":
+        if rope:
+            pytest.skip("the warp-specialised kernel reads NoPE rows only")
+        return plan_hopper_ws(tokens, heads, width, sms)
     return plan_hopper(tokens, heads, width, bool(rope), sms)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["triton", "hopper"])
+@pytest.mark.parametrize("kernel", ["triton", "hopper", "hopper_ws"])
 @pytest.mark.parametrize("heads, tokens, width, rope, row_bytes", GPU_GRID)
 def test_native_matches_reference_on_gpu(heads, tokens, width, rope, row_bytes, kernel):
     from nopebench.decode.native import native_decode
@@ -161,7 +217,7 @@ def test_native_matches_reference_on_gpu(heads, tokens, width, rope, row_bytes, 
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["triton", "hopper"])
+@pytest.mark.parametrize("kernel", ["triton", "hopper", "hopper_ws"])
 def test_native_replays_in_a_cuda_graph(kernel):
     from nopebench.decode.native import DecodeBuffers, native_decode
 

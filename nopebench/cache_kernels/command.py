@@ -51,16 +51,16 @@ def build_command(arch: str | None, compile_only: bool, force: bool, root=DEFAUL
 
 
 def build_native_hopper() -> int:
-    """Compile the SM90 decode kernel in each planned shape; exit 1 if one spills, lacks wgmma
-    or outgrows the shared memory the planner assumed. On a GPU the kernel compiles when it runs."""
+    """Compile the SM90 decode kernels in each planned shape; exit 1 if one spills, lacks wgmma
+    or outgrows the shared memory the planner assumed. On a GPU the kernels compile when they run."""
     from nopebench.decode import hopper_build
 
-    title = "nopebench build: native decode kernel (Gluon, sm_90)"
+    title = "nopebench build: native decode kernels (Gluon, sm_90)"
     if (reason := hopper_build.gluon_missing()) is not None:
         out.console.print(f"{title}: skipped, {reason}", highlight=False)
         return EXIT_OK
     try:
-        with out.progress_bar("native sm_90", total=len(hopper_build.PLAN_SHAPES)) as advance:
+        with out.progress_bar("native sm_90", total=hopper_build.BUILD_COUNT) as advance:
             builds = hopper_build.build_hopper(on_done=advance)
     except Exception as exc:  # noqa: BLE001 - Triton's compile errors have no common type
         summary = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__

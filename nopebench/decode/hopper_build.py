@@ -1,10 +1,10 @@
-"""Compile-only build of the SM90 decode kernel, no GPU needed.
+"""Compile-only build of the SM90 decode kernels, no GPU needed.
 
-Triton compiles the Gluon source (`hopper_decode.py`) for sm_90 in every shape `plan_hopper`
-launches, and ptxas's resource use is read back with the cuobjdump that ships with Triton. A
-shape passes when it uses wgmma, spills nothing, and needs no more shared memory than the
-planner assumed (the planner's model is what keeps launches inside the 227 KB an SM90 block
-may have).
+Triton compiles the Gluon sources (`hopper_decode.py`, `hopper_ws_decode.py`) for sm_90 in every
+shape `plan_hopper` and `plan_hopper_ws` launch, and ptxas's resource use is read back with the
+cuobjdump that ships with Triton. A shape passes when it uses wgmma, spills nothing, and needs no
+more shared memory than the planner assumed (the planner's model is what keeps launches inside
+the 227 KB an SM90 block may have).
 """
 
 from __future__ import annotations
@@ -17,11 +17,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from nopebench.decode.native import HOPPER_SMEM, hopper_smem_bytes, score_warps_m
+from nopebench.decode.native import (
+    HOPPER_SMEM,
+    hopper_smem_bytes,
+    plan_hopper_ws,
+    score_warps_m,
+    ws_smem_bytes,
+)
 
 # (heads per program, rows per block, ring slots, RoPE lanes): every shape plan_hopper emits.
 PLAN_SHAPES = ((16, 128, 1, False), (16, 64, 2, False), (16, 64, 2, True), (32, 64, 2, False), (32, 64, 2, True),
                (64, 64, 2, False))
+# The warp-specialised kernel: (heads per program, token count) of each shape plan_hopper_ws emits.
+WS_PLAN_CASES = ((16, 512), (32, 512))
 # Triton 3.6 (on the H200) asks 512 bytes more shared memory than the 3.9 this compiles with.
 TRITON_36_EXTRA_SHARED = 512
 
@@ -38,10 +46,12 @@ class KernelBuild:
     planned_bytes: int
     registers: int | None  # None: no cuobjdump to read them with
     stack_bytes: int | None
+    kernel: str = "hopper"
 
     @property
     def shape(self) -> str:
-        return f"{self.block_h} heads x {self.block_n} rows, {self.stages} slot(s){', RoPE' if self.rope else ''}"
+        name = "warp-specialised, " if self.kernel == "hopper_ws" else ""
+        return f"{name}{self.block_h} heads x {self.block_n} rows, {self.stages} slot(s){', RoPE' if self.rope else ''}"
 
     @property
     def problems(self) -> list[str]:
@@ -50,7 +60,7 @@ class KernelBuild:
             found.append("no wgmma")
         if self.stack_bytes:
             found.append(f"{self.stack_bytes} B spilled")
-        if self.shared_bytes + TRITON_36_EXTRA_SHARED > self.planned_bytes:
+        if self.shared_bytes + TRITON_36_EXTRA_SHARED * (self.kernel == "hopper") > self.planned_bytes:
             found.append(f"{self.shared_bytes} B shared > planned {self.planned_bytes - TRITON_36_EXTRA_SHARED}")
         if self.planned_bytes > HOPPER_SMEM:
             found.append("planned over the SM90 limit")
@@ -68,29 +78,53 @@ def gluon_missing() -> str | None:
     return None
 
 
-def compile_shape(block_h: int, block_n: int, stages: int, rope: bool) -> KernelBuild:
+_SCALARS = {"heads", "width", "entries_per_split", "stride_qt", "stride_qh", "stride_it", "stride_ot", "stride_oh",
+            "stride_os", "stride_lt", "stride_ls"}
+_POINTERS = {"q_ptr": "*bf16", "cache_ptr": "*u8", "idx_ptr": "*i32", "out_ptr": "*fp32", "lse_ptr": "*fp32"}
+
+
+def _compile(kernel, constants: dict, options: dict) -> tuple[object, float, int | None, int | None]:
+    """Compile one Gluon kernel for sm_90 as the launcher calls it (16-byte aligned pointers)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from nopebench.decode import hopper_decode
-
-    kernel = hopper_decode.hopper_decode_kernel
-    scalars = {"heads", "width", "entries_per_split", "stride_qt", "stride_qh", "stride_it", "stride_ot", "stride_oh",
-               "stride_os", "stride_lt", "stride_ls"}
-    pointers = {"q_ptr": "*bf16", "cache_ptr": "*u8", "idx_ptr": "*i32", "out_ptr": "*fp32", "lse_ptr": "*fp32"}
-    signature = {n: pointers.get(n) or ("i32" if n in scalars else "fp32" if n == "qk_scale_log2" else "constexpr")
+    signature = {n: _POINTERS.get(n) or ("i32" if n in _SCALARS else "fp32" if n == "qk_scale_log2" else "constexpr")
                  for n in kernel.arg_names}
-    constants = dict(BLOCK_H=block_h, BLOCK_N=block_n, ROW_BYTES=656 if rope else 528, ROPE=rope, HEAD_BLOCKS=1,
-                     NUM_STAGES=stages, S_WARPS_M=score_warps_m(block_n))
-    aligned = {(i,): [["tt.divisibility", 16]] for i in range(len(pointers))}  # the launcher's 16-byte pointers
+    aligned = {(i,): [["tt.divisibility", 16]] for i in range(len(_POINTERS))}
     start = time.perf_counter()
     compiled = triton.compile(GluonASTSource(kernel, signature, constants, aligned),
-                              target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
+                              target=GPUTarget("cuda", 90, 32), options=options)
     registers, stack = _resource_usage(Path(triton.__file__).parent, compiled.asm["cubin"])
-    return KernelBuild(block_h, block_n, stages, rope, time.perf_counter() - start,
+    return compiled, time.perf_counter() - start, registers, stack
+
+
+def compile_shape(block_h: int, block_n: int, stages: int, rope: bool) -> KernelBuild:
+    """The single-role kernel in one shape."""
+    from nopebench.decode import hopper_decode
+
+    constants = dict(BLOCK_H=block_h, BLOCK_N=block_n, ROW_BYTES=656 if rope else 528, ROPE=rope, HEAD_BLOCKS=1,
+                     NUM_STAGES=stages, S_WARPS_M=score_warps_m(block_n))
+    compiled, seconds, registers, stack = _compile(hopper_decode.hopper_decode_kernel, constants, {"num_warps": 8})
+    return KernelBuild(block_h, block_n, stages, rope, seconds, "wgmma.mma_async" in compiled.asm["ptx"],
+                       int(compiled.metadata.shared), hopper_smem_bytes(block_h, stages, rope, block_n),
+                       registers, stack)
+
+
+def compile_ws_shape(heads: int, tokens: int) -> KernelBuild:
+    """The warp-specialised kernel as `plan_hopper_ws` launches it for `heads` x `tokens`."""
+    from nopebench.decode import hopper_ws_decode as ws
+
+    plan = plan_hopper_ws(tokens, heads, 2176)
+    constants = dict(BLOCK_H=plan.block_h, BLOCK_N=plan.block_n, ROW_BYTES=528, HEAD_BLOCKS=plan.head_blocks,
+                     RING_SLOTS=plan.num_stages, C_WARPS=ws.CONSUMER_WARPS, P_WARPS=ws.PRODUCER_WARPS,
+                     P_REGS=ws.PRODUCER_REGS)
+    options = {"num_warps": ws.CONSUMER_WARPS, "maxnreg": ws.launch_regs()}
+    compiled, seconds, registers, stack = _compile(ws.hopper_ws_decode_kernel, constants, options)
+    return KernelBuild(plan.block_h, plan.block_n, plan.num_stages, False, seconds,
                        "wgmma.mma_async" in compiled.asm["ptx"], int(compiled.metadata.shared),
-                       hopper_smem_bytes(block_h, stages, rope, block_n), registers, stack)
+                       ws_smem_bytes(plan.block_h, plan.num_stages, plan.block_n),
+                       registers, stack, kernel="hopper_ws")
 
 
 def _resource_usage(triton_dir: Path, cubin: bytes) -> tuple[int | None, int | None]:
@@ -106,9 +140,14 @@ def _resource_usage(triton_dir: Path, cubin: bytes) -> tuple[int | None, int | N
 
 
 def build_hopper(on_done: Callable[[], None] | None = None) -> list[KernelBuild]:
+    jobs = [lambda shape=shape: compile_shape(*shape) for shape in PLAN_SHAPES]
+    jobs += [lambda case=case: compile_ws_shape(*case) for case in WS_PLAN_CASES]
     builds = []
-    for shape in PLAN_SHAPES:
-        builds.append(compile_shape(*shape))
+    for job in jobs:
+        builds.append(job())
         if on_done:
             on_done()
     return builds
+
+
+BUILD_COUNT = len(PLAN_SHAPES) + len(WS_PLAN_CASES)

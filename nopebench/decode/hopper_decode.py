@@ -246,6 +246,16 @@ def hopper_decode_kernel(
         stage = (stage + 1) % NUM_STAGES
     cp.wait_group(0)
 
+    _write_out(o0, o1, o2, o3, m_i, l_i, out_ptr, lse_ptr, tok, hb, split, heads,
+               stride_ot, stride_oh, stride_os, stride_lt, stride_ls, BLOCK_H, s_layout, o_layout)
+
+
+@gluon.jit
+def _write_out(o0, o1, o2, o3, m_i, l_i, out_ptr, lse_ptr, tok, hb, split, heads,
+               stride_ot, stride_oh, stride_os, stride_lt, stride_ls,
+               BLOCK_H: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr):
+    """Normalise O^T by the softmax denominator and store it with the natural-log LSE
+    (rows with no valid entry: zeros and -inf)."""
     has = l_i > 0
     inv = gl.where(has, 1.0 / gl.where(has, l_i, 1.0), 0.0)
     lse = gl.where(has, (m_i + gl.log2(gl.where(has, l_i, 1.0))) / 1.4426950408889634, float("-inf"))

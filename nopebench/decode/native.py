@@ -1,8 +1,10 @@
 """The `native` decode implementation: the harness's own kernels over the packed cache.
 
-Two kernels with one contract: `hopper_decode` (Gluon, wgmma and cp.async; SM90 only) and
-`triton_decode` (portable Triton, any SM80+ GPU and Triton's CPU interpreter). `plan_hopper` and
-`plan_launch` are their pure launch heuristics (tested on CPU); `choose_plan` picks by GPU;
+Three kernels with one contract: on SM90 (Gluon, wgmma and cp.async) `hopper_ws_decode`
+(warp-specialised, NoPE, up to 32 heads per program) and `hopper_decode` (every other shape);
+elsewhere `triton_decode` (portable Triton, any SM80+ GPU and Triton's CPU interpreter).
+`plan_hopper_ws`, `plan_hopper` and `plan_launch` are their pure launch heuristics (tested on
+CPU); `choose_plan` picks by GPU and shape;
 `native_decode` checks arguments, allocates the outputs and launches; `native_spec` is the
 registry entry.
 """
@@ -34,7 +36,7 @@ class LaunchPlan:
     num_stages: int = 1
     prefetch: bool = True
     factored: bool = False
-    kernel: str = "triton"  # "triton": portable SM80+ kernel; "hopper": the SM90 Gluon kernel
+    kernel: str = "triton"  # "triton": portable SM80+; "hopper", "hopper_ws": the SM90 Gluon kernels
 
     @property
     def programs(self) -> int:
@@ -89,6 +91,17 @@ def hopper_smem_bytes(block_h: int, stages: int, rope: bool, block_n: int = 64) 
     return ring + fixed + 1024
 
 
+WS_RING_ROWS = 32  # rows per gather-ring slot of the warp-specialised kernel (4 per producer warp)
+WS_MAX_BLOCK_H = 32  # its one consumer warpgroup holds O^T (512 x heads, fp32) in registers
+
+
+def ws_smem_bytes(block_h: int, slots: int, block_n: int = 64) -> int:
+    """Shared memory of the warp-specialised kernel: the gather ring (fp8 tiles, scales, index
+    entries), two dequantized tiles, q, P, mbarriers and compiler scratch."""
+    ring = slots * WS_RING_ROWS * (512 + 16 + 4)
+    return ring + 2 * block_n * 512 * 2 + 4 * block_h * 128 * 2 + block_n * block_h * 2 + 1536
+
+
 def score_warps_m(block_n: int) -> int:
     """Warps along the keys in the Hopper kernel's score product: 8 (the two warpgroups split a
     128-row block by key) or 4 (they split a 64-row block by head)."""
@@ -118,15 +131,44 @@ def plan_hopper(tokens: int, heads: int, width: int, rope: bool, sms: int = DEFA
     if not fits:
         raise ValueError(f"{stages} gather stages of {block_n} rows need more shared memory than SM90 has")
     block_h = fits[0]
+    head_blocks, splits, per_split = _split_one_per_sm(tokens, heads, width, block_h, block_n, sms, splits)
+    return LaunchPlan(block_h, head_blocks, block_n, splits, per_split, num_warps=8, num_stages=stages,
+                      prefetch=False, kernel="hopper")
+
+
+def _split_one_per_sm(tokens: int, heads: int, width: int, block_h: int, block_n: int, sms: int,
+                      splits: int | None) -> tuple[int, int, int]:
+    """Head blocks, splits and entries per split for kernels that run one program per SM: the
+    top-k range is split only when (token, head block) programs alone do not fill the SMs."""
     head_blocks = -(-heads // block_h)
     rows = tokens * head_blocks
     blocks = -(-width // block_n)
     if splits is None:
         splits = 1 if rows >= sms else min(blocks, -(-sms // rows))
     per_split = -(-blocks // splits) * block_n
-    splits = -(-width // per_split)
-    return LaunchPlan(block_h, head_blocks, block_n, splits, per_split, num_warps=8, num_stages=stages,
-                      prefetch=False, kernel="hopper")
+    return head_blocks, -(-width // per_split), per_split
+
+
+def plan_hopper_ws(tokens: int, heads: int, width: int, sms: int = DEFAULT_SMS, slots: int | None = None,
+                   splits: int | None = None, block_h: int | None = None) -> LaunchPlan:
+    """Launch shape for the warp-specialised SM90 kernel (NoPE rows, at most 32 heads per
+    program): 64-row blocks, two dequantized tiles, and as many 32-row gather-ring slots as the
+    shared memory left beside them holds (the H200 sweeps: results/reference/decode-tuning/)."""
+    block_n = 64
+    if block_h is None:
+        few = tokens * -(-heads // 16) < sms
+        block_h = 16 if few else min(WS_MAX_BLOCK_H, max(16, _next_pow2(heads)))
+    if block_h > WS_MAX_BLOCK_H:
+        raise ValueError(f"the warp-specialised kernel takes at most {WS_MAX_BLOCK_H} heads per program")
+    if slots is None:
+        slots = 1
+        while ws_smem_bytes(block_h, slots + 1, block_n) <= HOPPER_SMEM:
+            slots += 1
+    if ws_smem_bytes(block_h, slots, block_n) > HOPPER_SMEM:
+        raise ValueError(f"{slots} ring slots at {block_h} heads need more shared memory than SM90 has")
+    head_blocks, splits, per_split = _split_one_per_sm(tokens, heads, width, block_h, block_n, sms, splits)
+    return LaunchPlan(block_h, head_blocks, block_n, splits, per_split, num_warps=4, num_stages=slots,
+                      prefetch=False, kernel="hopper_ws")
 
 
 def hopper_available(device) -> bool:
@@ -140,9 +182,17 @@ def hopper_available(device) -> bool:
     return True
 
 
+def use_hopper_ws(tokens: int, heads: int, rope_dim: int, sms: int = DEFAULT_SMS) -> bool:
+    """Where the H200 measured the warp-specialised kernel faster than the single-role one: NoPE
+    rows, at most 32 heads, and enough (token, head block) programs to fill the SMs unsplit."""
+    return not rope_dim and heads <= WS_MAX_BLOCK_H and tokens * -(-heads // 16) >= sms
+
+
 def choose_plan(tokens: int, heads: int, width: int, rope_dim: int, device) -> LaunchPlan:
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     if hopper_available(device):
+        if use_hopper_ws(tokens, heads, rope_dim, sms):
+            return plan_hopper_ws(tokens, heads, width, sms)
         return plan_hopper(tokens, heads, width, bool(rope_dim), sms)
     return plan_launch(tokens, heads, width, sms)
 
@@ -203,6 +253,17 @@ def native_decode(q: torch.Tensor, cache: torch.Tensor, indices: torch.Tensor, s
             *args, BLOCK_H=plan.block_h, BLOCK_N=plan.block_n, ROW_BYTES=cache.shape[-1], ROPE=bool(rope_dim),
             HEAD_BLOCKS=plan.head_blocks, NUM_STAGES=plan.num_stages, S_WARPS_M=score_warps_m(plan.block_n),
             num_warps=plan.num_warps)
+    elif plan.kernel == "hopper_ws":
+        from nopebench.decode import hopper_ws_decode
+
+        if rope_dim:
+            raise ValueError("the warp-specialised kernel reads NoPE rows only")
+        ws = hopper_ws_decode
+        ws.hopper_ws_decode_kernel[grid](
+            *args, BLOCK_H=plan.block_h, BLOCK_N=plan.block_n, ROW_BYTES=cache.shape[-1],
+            HEAD_BLOCKS=plan.head_blocks, RING_SLOTS=plan.num_stages, C_WARPS=ws.CONSUMER_WARPS,
+            P_WARPS=ws.PRODUCER_WARPS, P_REGS=ws.PRODUCER_REGS, num_warps=ws.CONSUMER_WARPS,
+            maxnreg=ws.launch_regs())
     else:
         k.sparse_decode_kernel[grid](
             *args, BLOCK_H=plan.block_h, BLOCK_N=plan.block_n, ROW_BYTES=cache.shape[-1], ROPE=bool(rope_dim),
