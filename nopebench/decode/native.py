@@ -182,16 +182,17 @@ def hopper_available(device) -> bool:
     return True
 
 
-def use_hopper_ws(tokens: int, heads: int, rope_dim: int, sms: int = DEFAULT_SMS) -> bool:
+def use_hopper_ws(tokens: int, heads: int, rope_dim: int) -> bool:
     """Where the H200 measured the warp-specialised kernel faster than the single-role one: NoPE
-    rows, at most 32 heads, and enough (token, head block) programs to fill the SMs unsplit."""
-    return not rope_dim and heads <= WS_MAX_BLOCK_H and tokens * -(-heads // 16) >= sms
+    rows, at most 32 heads, 64 query tokens or more (at 1 token the two tie and the single-role
+    one, measured longer, stays)."""
+    return not rope_dim and heads <= WS_MAX_BLOCK_H and tokens >= 64
 
 
 def choose_plan(tokens: int, heads: int, width: int, rope_dim: int, device) -> LaunchPlan:
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     if hopper_available(device):
-        if use_hopper_ws(tokens, heads, rope_dim, sms):
+        if use_hopper_ws(tokens, heads, rope_dim):
             return plan_hopper_ws(tokens, heads, width, sms)
         return plan_hopper(tokens, heads, width, bool(rope_dim), sms)
     return plan_launch(tokens, heads, width, sms)
