@@ -44,23 +44,32 @@ SCALES = gl.constexpr(gl.BlockedLayout([1, 4], [4, 8], [NUM_WARPS, 1], [1, 0]))
 
 
 @gluon.jit
-def _issue_block(cache_ptr, idx, raw_k, raw_s, raw_r, idx_ring, stage, ROW_BYTES: gl.constexpr, ROPE: gl.constexpr,
-                 gather: gl.constexpr, rope_gather: gl.constexpr):
-    """Start the cp.async gathers of one block's rows into ring slot `stage` (one commit group).
-    Rows whose index is -1 are zero-filled; the index row itself is kept for the mask."""
+def _copy_rows(cache_ptr, idx, raw_k, raw_s, slot, ROW_BYTES: gl.constexpr, gather: gl.constexpr,
+               scales_l: gl.constexpr):
+    """cp.async the rows `idx` names into ring slot `slot`: four 128-byte fp8 tiles, and the
+    row's four fp32 tile scales as one 16-byte copy. Rows whose index is -1 are zero-filled.
+    Returns the row addresses and their validity."""
     valid = idx >= 0
     row = cache_ptr + gl.where(valid, idx, 0).to(gl.int64) * ROW_BYTES
     cols = gl.arange(0, TILE, layout=gl.SliceLayout(0, gather))
     mask = gl.expand_dims(valid, 1) & gl.expand_dims(cols >= 0, 0)
     for t in gl.static_range(4):
         ptrs = gl.expand_dims(row, 1) + gl.expand_dims(t * TILE + cols, 0)
-        _cp_async(raw_k[t].index(stage), ptrs, mask=mask)
-    # The four fp32 tile scales of a row are one 16-byte copy.
-    srow = gl.convert_layout(row, gl.SliceLayout(1, SCALES))
-    svalid = gl.convert_layout(valid, gl.SliceLayout(1, SCALES))
-    scols = gl.arange(0, 4, layout=gl.SliceLayout(0, SCALES))
+        _cp_async(raw_k[t].index(slot), ptrs, mask=mask)
+    srow = gl.convert_layout(row, gl.SliceLayout(1, scales_l))
+    svalid = gl.convert_layout(valid, gl.SliceLayout(1, scales_l))
+    scols = gl.arange(0, 4, layout=gl.SliceLayout(0, scales_l))
     sptrs = gl.expand_dims((srow + 512).to(gl.pointer_type(gl.float32)), 1) + gl.expand_dims(scols, 0)
-    _cp_async(raw_s.index(stage), sptrs, mask=gl.expand_dims(svalid, 1) & gl.expand_dims(scols >= 0, 0))
+    _cp_async(raw_s.index(slot), sptrs, mask=gl.expand_dims(svalid, 1) & gl.expand_dims(scols >= 0, 0))
+    return row, valid
+
+
+@gluon.jit
+def _issue_block(cache_ptr, idx, raw_k, raw_s, raw_r, idx_ring, stage, ROW_BYTES: gl.constexpr, ROPE: gl.constexpr,
+                 gather: gl.constexpr, rope_gather: gl.constexpr):
+    """Start the cp.async gathers of one block's rows into ring slot `stage` (one commit group);
+    the index row itself is kept for the mask."""
+    row, valid = _copy_rows(cache_ptr, idx, raw_k, raw_s, stage, ROW_BYTES, gather, SCALES)
     if ROPE:
         rrow = gl.convert_layout(row, gl.SliceLayout(1, rope_gather))
         rvalid = gl.convert_layout(valid, gl.SliceLayout(1, rope_gather))
@@ -134,6 +143,43 @@ def _issue_output(kv_smem, p_smem, o0, o1, o2, o3, alpha, o_layout: gl.constexpr
 
 
 @gluon.jit
+def _program(idx_ptr, width, entries_per_split, stride_it, HEAD_BLOCKS: gl.constexpr):
+    """This program's query token, head block, split, index row and top-k range [start, end)."""
+    pid = gl.program_id(0)
+    split = gl.program_id(1)
+    tok = pid // HEAD_BLOCKS
+    hb = pid % HEAD_BLOCKS
+    idx_row = idx_ptr + tok.to(gl.int64) * stride_it
+    start = split * entries_per_split
+    return tok, hb, split, idx_row, start, gl.minimum(start + entries_per_split, width)
+
+
+@gluon.jit
+def _stage_q(q_ptr, q_smem, tok, hb, heads, stride_qt, stride_qh, BLOCK_H: gl.constexpr, q_layout: gl.constexpr):
+    """q for this head block (rows past `heads` zero), staged once in four 128-wide tiles as the
+    score product's B operand (K-major). Returns the row pointers and head offsets."""
+    offs_qh = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, q_layout))
+    qcols = gl.arange(0, TILE, layout=gl.SliceLayout(0, q_layout))
+    qmask = gl.expand_dims(offs_qh < heads, 1) & gl.expand_dims(qcols >= 0, 0)
+    qrow = q_ptr + tok.to(gl.int64) * stride_qt + gl.expand_dims(offs_qh, 1) * stride_qh
+    for t in gl.static_range(4):
+        q_smem.index(t).store(gl.load(qrow + gl.expand_dims(t * TILE + qcols, 0), mask=qmask, other=0.0))
+    return qrow, offs_qh
+
+
+@gluon.jit
+def _attend(s, valid, kv, p_smem, o0, o1, o2, o3, m_i, l_i, qk_scale_log2, o_layout: gl.constexpr):
+    """One block after its scores: the online-softmax step, P into shared memory, and the
+    output product, waited for."""
+    p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, qk_scale_log2)
+    p_smem.store(p.to(gl.bfloat16))
+    fence_async_shared()
+    o0, o1, o2, o3 = _issue_output(kv, p_smem, o0, o1, o2, o3, alpha, o_layout)
+    o0, o1, o2, o3 = warpgroup_mma_wait(num_outstanding=0, deps=(o0, o1, o2, o3))
+    return o0, o1, o2, o3, m_i, l_i
+
+
+@gluon.jit
 def hopper_decode_kernel(
     q_ptr, cache_ptr, idx_ptr, out_ptr, lse_ptr,
     heads, width, entries_per_split, qk_scale_log2,
@@ -182,13 +228,7 @@ def hopper_decode_kernel(
                gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, TILE], kv_shared))
     p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, BLOCK_H], p_shared)
 
-    pid = gl.program_id(0)
-    split = gl.program_id(1)
-    tok = pid // HEAD_BLOCKS
-    hb = pid % HEAD_BLOCKS
-    idx_row = idx_ptr + tok.to(gl.int64) * stride_it
-    start = split * entries_per_split
-    end = gl.minimum(start + entries_per_split, width)
+    tok, hb, split, idx_row, start, end = _program(idx_ptr, width, entries_per_split, stride_it, HEAD_BLOCKS)
 
     # Prologue: the first blocks' gathers in flight (one less than the slots, at least one), the
     # next index block in registers.
@@ -198,13 +238,7 @@ def hopper_decode_kernel(
         _issue_block(cache_ptr, idx, raw_k, raw_s, raw_r, idx_ring, j, ROW_BYTES, ROPE, gather, rope_gather)
     idx_next = _load_idx(idx_row, start + AHEAD * BLOCK_N, end, BLOCK_N, rows_g)
 
-    # q for this head block, staged once as the wgmma B operand (K-major).
-    offs_qh = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, q_layout))
-    qcols = gl.arange(0, TILE, layout=gl.SliceLayout(0, q_layout))
-    qmask = gl.expand_dims(offs_qh < heads, 1) & gl.expand_dims(qcols >= 0, 0)
-    qrow = q_ptr + tok.to(gl.int64) * stride_qt + gl.expand_dims(offs_qh, 1) * stride_qh
-    for t in gl.static_range(4):
-        q_smem.index(t).store(gl.load(qrow + gl.expand_dims(t * TILE + qcols, 0), mask=qmask, other=0.0))
+    qrow, offs_qh = _stage_q(q_ptr, q_smem, tok, hb, heads, stride_qt, stride_qh, BLOCK_H, q_layout)
     if ROPE:
         rq_cols = gl.arange(0, 64, layout=gl.SliceLayout(0, q_layout))
         rq_mask = gl.expand_dims(offs_qh < heads, 1) & gl.expand_dims(rq_cols >= 0, 0)
@@ -238,11 +272,8 @@ def hopper_decode_kernel(
             _issue_block(cache_ptr, idx_next, raw_k, raw_s, raw_r, idx_ring, 0, ROW_BYTES, ROPE,
                          gather, rope_gather)
             idx_next = _load_idx(idx_row, n + 2 * BLOCK_N, end, BLOCK_N, rows_g)
-        p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, qk_scale_log2)
-        p_smem.store(p.to(gl.bfloat16))
-        fence_async_shared()
-        o0, o1, o2, o3 = _issue_output(kv_smem, p_smem, o0, o1, o2, o3, alpha, o_layout)
-        o0, o1, o2, o3 = warpgroup_mma_wait(num_outstanding=0, deps=(o0, o1, o2, o3))
+        o0, o1, o2, o3, m_i, l_i = _attend(s, valid, kv_smem, p_smem, o0, o1, o2, o3, m_i, l_i, qk_scale_log2,
+                                           o_layout)
         stage = (stage + 1) % NUM_STAGES
     cp.wait_group(0)
 

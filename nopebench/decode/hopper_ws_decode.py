@@ -32,10 +32,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from nopebench.decode.hopper_decode import (
     TILE,
+    _attend,
+    _copy_rows,
     _cp_async,
-    _issue_output,
     _issue_scores,
-    _softmax_step,
+    _load_idx,
+    _program,
+    _stage_q,
     _write_out,
 )
 
@@ -54,29 +57,12 @@ def launch_regs() -> int:
 @gluon.jit
 def _gather_block(cache_ptr, idx, raw_k, raw_s, slot, idx_row, idx_n0, end, idx_ring,
                   ROW_BYTES: gl.constexpr, gather: gl.constexpr, scales_l: gl.constexpr, idx_l: gl.constexpr):
-    """One commit group into ring slot `slot`: cp.async of the rows `idx` names (-1 rows are
-    zero-filled), and of the index entries from `idx_n0` on, which a later refill of the slot will
-    gather: so no index load is ever waited on."""
-    valid = idx >= 0
-    row = cache_ptr + gl.where(valid, idx, 0).to(gl.int64) * ROW_BYTES
-    cols = gl.arange(0, TILE, layout=gl.SliceLayout(0, gather))
-    mask = gl.expand_dims(valid, 1) & gl.expand_dims(cols >= 0, 0)
-    for t in gl.static_range(4):
-        _cp_async(raw_k[t].index(slot), gl.expand_dims(row, 1) + gl.expand_dims(t * TILE + cols, 0), mask=mask)
-    srow = gl.convert_layout(row, gl.SliceLayout(1, scales_l))
-    svalid = gl.convert_layout(valid, gl.SliceLayout(1, scales_l))
-    scols = gl.arange(0, 4, layout=gl.SliceLayout(0, scales_l))
-    sptrs = gl.expand_dims((srow + 512).to(gl.pointer_type(gl.float32)), 1) + gl.expand_dims(scols, 0)
-    _cp_async(raw_s.index(slot), sptrs, mask=gl.expand_dims(svalid, 1) & gl.expand_dims(scols >= 0, 0))
+    """One commit group into ring slot `slot`: the rows `idx` names, and the index entries from
+    `idx_n0` on, which a later refill of the slot will gather: so no index load is waited on."""
+    _copy_rows(cache_ptr, idx, raw_k, raw_s, slot, ROW_BYTES, gather, scales_l)
     offs = idx_n0 + gl.arange(0, idx_ring.shape[1], layout=idx_l)
     _cp_async(idx_ring.index(slot), idx_row + offs, mask=offs < end)
     cp.commit_group()
-
-
-@gluon.jit
-def _block_idx(idx_row, n0, end, BLOCK_N: gl.constexpr, layout: gl.constexpr):
-    offs = n0 + gl.arange(0, BLOCK_N, layout=layout)
-    return gl.load(idx_row + offs, mask=offs < end, other=-1)
 
 
 @gluon.jit
@@ -97,7 +83,7 @@ def _producer(cache_ptr, idx_row, start, end, raw_k, raw_s, idx_ring, kv_bufs, f
     rows_g: gl.constexpr = gl.SliceLayout(1, gather)
     tile_of = gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, deq_scales)), 0)
     for j in gl.static_range(RING_SLOTS):
-        _gather_block(cache_ptr, _block_idx(idx_row, start + j * SUB, end, SUB, rows_g), raw_k, raw_s, j,
+        _gather_block(cache_ptr, _load_idx(idx_row, start + j * SUB, end, SUB, rows_g), raw_k, raw_s, j,
                       idx_row, start + (j + RING_SLOTS) * SUB, end, idx_ring, ROW_BYTES, gather, scales_l, idx_l)
     for i in range(gl.cdiv(end - start, BLOCK_N)):
         b = i % NUM_BUF
@@ -142,19 +128,16 @@ def _consumer(q_smem, kv_bufs, p_smem, full_bars, empty_bars, idx_row, start, en
     o3 = gl.zeros([TILE, BLOCK_H], gl.float32, o_layout)
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(0, s_layout))
     l_i = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(0, s_layout))
-    valid_next = _block_idx(idx_row, start, end, BLOCK_N, rows_s) >= 0
+    valid_next = _load_idx(idx_row, start, end, BLOCK_N, rows_s) >= 0
     for i in range(gl.cdiv(end - start, BLOCK_N)):
         b = i % NUM_BUF
         valid = valid_next
-        valid_next = _block_idx(idx_row, start + (i + 1) * BLOCK_N, end, BLOCK_N, rows_s) >= 0
+        valid_next = _load_idx(idx_row, start + (i + 1) * BLOCK_N, end, BLOCK_N, rows_s) >= 0
         mbarrier.wait(full_bars.index(b), (i // NUM_BUF) & 1)
-        s = _issue_scores(_tile(kv_bufs, b), q_smem, q_smem, q_smem, 0, BLOCK_N, BLOCK_H, False, s_layout)
+        kv = _tile(kv_bufs, b)
+        s = _issue_scores(kv, q_smem, q_smem, q_smem, 0, BLOCK_N, BLOCK_H, False, s_layout)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, qk_scale_log2)
-        p_smem.store(p.to(gl.bfloat16))
-        fence_async_shared()
-        o0, o1, o2, o3 = _issue_output(_tile(kv_bufs, b), p_smem, o0, o1, o2, o3, alpha, o_layout)
-        o0, o1, o2, o3 = warpgroup_mma_wait(num_outstanding=0, deps=(o0, o1, o2, o3))
+        o0, o1, o2, o3, m_i, l_i = _attend(s, valid, kv, p_smem, o0, o1, o2, o3, m_i, l_i, qk_scale_log2, o_layout)
         mbarrier.arrive(empty_bars.index(b), count=1)
     return o0, o1, o2, o3, m_i, l_i
 
@@ -199,20 +182,8 @@ def hopper_ws_decode_kernel(
         mbarrier.init(full_bars.index(b), count=1)
         mbarrier.init(empty_bars.index(b), count=1)
 
-    pid = gl.program_id(0)
-    split = gl.program_id(1)
-    tok = pid // HEAD_BLOCKS
-    hb = pid % HEAD_BLOCKS
-    idx_row = idx_ptr + tok.to(gl.int64) * stride_it
-    start = split * entries_per_split
-    end = gl.minimum(start + entries_per_split, width)
-
-    offs_qh = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, q_layout))
-    qcols = gl.arange(0, TILE, layout=gl.SliceLayout(0, q_layout))
-    qmask = gl.expand_dims(offs_qh < heads, 1) & gl.expand_dims(qcols >= 0, 0)
-    qrow = q_ptr + tok.to(gl.int64) * stride_qt + gl.expand_dims(offs_qh, 1) * stride_qh
-    for t in gl.static_range(4):
-        q_smem.index(t).store(gl.load(qrow + gl.expand_dims(t * TILE + qcols, 0), mask=qmask, other=0.0))
+    tok, hb, split, idx_row, start, end = _program(idx_ptr, width, entries_per_split, stride_it, HEAD_BLOCKS)
+    _stage_q(q_ptr, q_smem, tok, hb, heads, stride_qt, stride_qh, BLOCK_H, q_layout)
     fence_async_shared()
 
     o0, o1, o2, o3, m_i, l_i = gl.warp_specialize(
