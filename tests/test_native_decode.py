@@ -105,6 +105,10 @@ def test_warp_specialised_kernel_compiles_for_sm90_within_its_budget(case):
     spills nothing under its register split, and fits the shared memory the planner assumed."""
     if (reason := hopper_build.gluon_missing()) is not None:
         pytest.skip(reason)
+    from nopebench.decode import hopper_ws_decode as ws
+    from nopebench.decode.native import WS_RING_ROWS
+
+    assert WS_RING_ROWS == 4 * ws.PRODUCER_WARPS  # the planner's ring slot is one pass of the producer
     build = hopper_build.compile_ws_shape(*case)
     assert build.kernel == "hopper_ws" and build.has_wgmma
     assert build.problems == [], build.problems
@@ -128,6 +132,11 @@ def test_hopper_build_flags_spills_missing_wgmma_and_shared_memory_overruns():
     assert hopper_build.KernelBuild(16, 128, 1, False, 1.0, True, 220161, 220672, 173, 0).problems  # over the model
     assert "16 B spilled" in hopper_build.KernelBuild(64, 64, 2, False, 1.0, True, 207872, 208384, 255, 16).problems
     assert "no wgmma" in hopper_build.KernelBuild(16, 64, 2, False, 1.0, False, 152320, 153088, 128, 0).problems
+    # The warp-specialised kernel's model carries its own margin: compiled bytes up to the model pass.
+    ws = dict(kernel="hopper_ws")
+    assert hopper_build.KernelBuild(16, 64, 4, False, 1.0, True, 219136, 219136, 168, 0, **ws).problems == []
+    over = hopper_build.KernelBuild(16, 64, 4, False, 1.0, True, 219137, 219136, 168, 0, **ws).problems
+    assert over == ["219137 B shared > planned 219136"]
 
 
 INTERPRETER_SCRIPT = textwrap.dedent("""

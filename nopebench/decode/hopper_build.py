@@ -60,8 +60,11 @@ class KernelBuild:
             found.append("no wgmma")
         if self.stack_bytes:
             found.append(f"{self.stack_bytes} B spilled")
-        if self.shared_bytes + TRITON_36_EXTRA_SHARED * (self.kernel == "hopper") > self.planned_bytes:
-            found.append(f"{self.shared_bytes} B shared > planned {self.planned_bytes - TRITON_36_EXTRA_SHARED}")
+        # The single-role kernel's model is exact for Triton 3.9 (this machine), so 3.6's extra is
+        # added; the warp-specialised model's margin covers both versions.
+        extra = TRITON_36_EXTRA_SHARED if self.kernel == "hopper" else 0
+        if self.shared_bytes + extra > self.planned_bytes:
+            found.append(f"{self.shared_bytes} B shared > planned {self.planned_bytes - extra}")
         if self.planned_bytes > HOPPER_SMEM:
             found.append("planned over the SM90 limit")
         return found

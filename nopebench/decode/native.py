@@ -255,11 +255,10 @@ def native_decode(q: torch.Tensor, cache: torch.Tensor, indices: torch.Tensor, s
             HEAD_BLOCKS=plan.head_blocks, NUM_STAGES=plan.num_stages, S_WARPS_M=score_warps_m(plan.block_n),
             num_warps=plan.num_warps)
     elif plan.kernel == "hopper_ws":
-        from nopebench.decode import hopper_ws_decode
+        from nopebench.decode import hopper_ws_decode as ws
 
         if rope_dim:
             raise ValueError("the warp-specialised kernel reads NoPE rows only")
-        ws = hopper_ws_decode
         ws.hopper_ws_decode_kernel[grid](
             *args, BLOCK_H=plan.block_h, BLOCK_N=plan.block_n, ROW_BYTES=cache.shape[-1],
             HEAD_BLOCKS=plan.head_blocks, RING_SLOTS=plan.num_stages, C_WARPS=ws.CONSUMER_WARPS,
