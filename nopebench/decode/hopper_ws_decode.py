@@ -68,6 +68,7 @@ def _gather_block(cache_ptr, idx, raw_k, raw_s, slot, idx_row, idx_n0, end, idx_
 @gluon.jit
 def _producer(cache_ptr, idx_row, start, end, raw_k, raw_s, idx_ring, kv_bufs, full_bars, empty_bars,
               BLOCK_N: gl.constexpr, ROW_BYTES: gl.constexpr, RING_SLOTS: gl.constexpr, P_WARPS: gl.constexpr):
+    """Gathers and dequantizes every block of the range into the tile the consumer has freed."""
     # The ring holds sub-blocks of SUB rows (one pass of the gather layout), so that while one is
     # being dequantized the other RING_SLOTS - 1 stay in flight. Sub-block k's group also brings
     # the index entries of sub-block k + RING_SLOTS, which refills its slot.
@@ -92,8 +93,7 @@ def _producer(cache_ptr, idx_row, start, end, raw_k, raw_s, idx_ring, kv_bufs, f
             k = i * SUBS + j
             slot = k % RING_SLOTS
             cp.wait_group(RING_SLOTS - 1)  # sub-block k has landed, with the indices of k + RING_SLOTS
-            # All loads first: the compiler cannot move a load from the ring above a store to a
-            # tile (it cannot tell they do not alias), and each load's latency would be waited on.
+            # The slot's loads, then the tile's stores (timed the same as interleaving them).
             scales = raw_s.index(slot).load(deq_scales)
             raw = (raw_k[0].index(slot).load(deq), raw_k[1].index(slot).load(deq),
                    raw_k[2].index(slot).load(deq), raw_k[3].index(slot).load(deq))
@@ -121,6 +121,8 @@ def _tile(kv_bufs, b):
 @gluon.jit
 def _consumer(q_smem, kv_bufs, p_smem, full_bars, empty_bars, idx_row, start, end, qk_scale_log2,
               BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr):
+    """Each block as the producer hands it over: scores, online softmax, output product; then
+    the tile goes back. Returns the unnormalised O^T tiles and the softmax state."""
     rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     o0 = gl.zeros([TILE, BLOCK_H], gl.float32, o_layout)
     o1 = gl.zeros([TILE, BLOCK_H], gl.float32, o_layout)
