@@ -168,6 +168,17 @@ def _stage_q(q_ptr, q_smem, tok, hb, heads, stride_qt, stride_qh, BLOCK_H: gl.co
 
 
 @gluon.jit
+def _empty_state(BLOCK_H: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr):
+    """Zero O^T tiles and the online-softmax state before the first block (max -inf, sum 0)."""
+    o0 = gl.zeros([TILE, BLOCK_H], gl.float32, o_layout)
+    o1 = gl.zeros([TILE, BLOCK_H], gl.float32, o_layout)
+    o2 = gl.zeros([TILE, BLOCK_H], gl.float32, o_layout)
+    o3 = gl.zeros([TILE, BLOCK_H], gl.float32, o_layout)
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(0, s_layout))
+    return o0, o1, o2, o3, m_i, gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(0, s_layout))
+
+
+@gluon.jit
 def _attend(s, valid, kv, p_smem, o0, o1, o2, o3, m_i, l_i, qk_scale_log2, o_layout: gl.constexpr):
     """One block after its scores: the online-softmax step, P into shared memory, and the
     output product, waited for."""
@@ -244,12 +255,7 @@ def hopper_decode_kernel(
         rq_mask = gl.expand_dims(offs_qh < heads, 1) & gl.expand_dims(rq_cols >= 0, 0)
         qr_smem.store(gl.load(qrow + gl.expand_dims(512 + rq_cols, 0), mask=rq_mask, other=0.0))
 
-    o0 = gl.zeros([TILE, BLOCK_H], gl.float32, o_layout)
-    o1 = gl.zeros([TILE, BLOCK_H], gl.float32, o_layout)
-    o2 = gl.zeros([TILE, BLOCK_H], gl.float32, o_layout)
-    o3 = gl.zeros([TILE, BLOCK_H], gl.float32, o_layout)
-    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(0, s_layout))
-    l_i = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(0, s_layout))
+    o0, o1, o2, o3, m_i, l_i = _empty_state(BLOCK_H, s_layout, o_layout)
 
     stage = 0
     for n in range(start, end, BLOCK_N):

@@ -35,6 +35,7 @@ from nopebench.decode.hopper_decode import (
     _attend,
     _copy_rows,
     _cp_async,
+    _empty_state,
     _issue_scores,
     _load_idx,
     _program,
@@ -124,12 +125,7 @@ def _consumer(q_smem, kv_bufs, p_smem, full_bars, empty_bars, idx_row, start, en
     """Each block as the producer hands it over: scores, online softmax, output product; then
     the tile goes back. Returns the unnormalised O^T tiles and the softmax state."""
     rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-    o0 = gl.zeros([TILE, BLOCK_H], gl.float32, o_layout)
-    o1 = gl.zeros([TILE, BLOCK_H], gl.float32, o_layout)
-    o2 = gl.zeros([TILE, BLOCK_H], gl.float32, o_layout)
-    o3 = gl.zeros([TILE, BLOCK_H], gl.float32, o_layout)
-    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(0, s_layout))
-    l_i = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(0, s_layout))
+    o0, o1, o2, o3, m_i, l_i = _empty_state(BLOCK_H, s_layout, o_layout)
     valid_next = _load_idx(idx_row, start, end, BLOCK_N, rows_s) >= 0
     for i in range(gl.cdiv(end - start, BLOCK_N)):
         b = i % NUM_BUF
