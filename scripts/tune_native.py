@@ -78,8 +78,12 @@ def hopper_variants(heads: int, tokens: int, rope: bool) -> list[dict]:
              dict(kernel="hopper", block_h=32), dict(kernel="hopper", block_h=64)]
     if tokens * heads < 132 * 16:
         cands += [dict(kernel="hopper", splits=34), dict(kernel="hopper", block_n=128, stages=1, block_h=16)]
-    if not rope and heads <= 32:  # the warp-specialised kernel: its plan, fewer ring slots, 16 heads per program
-        cands += [dict(kernel="hopper_ws"), dict(kernel="hopper_ws", slots=2), dict(kernel="hopper_ws", block_h=16)]
+    if not rope and (heads <= 32 or tokens < 64):
+        # The warp-specialised kernel: its plan, one consumer instead of the role split, other
+        # ring depths, 16 heads per program.
+        cands += [dict(kernel="hopper_ws"), dict(kernel="hopper_ws", role_split=False),
+                  dict(kernel="hopper_ws", slots=3), dict(kernel="hopper_ws", slots=2, role_split=False),
+                  dict(kernel="hopper_ws", block_h=16)]
     out, seen = [], set()
     for v in cands:
         try:
@@ -95,7 +99,8 @@ def hopper_variants(heads: int, tokens: int, rope: bool) -> list[dict]:
 def build_plan(tokens: int, heads: int, v: dict, rope: bool = False) -> LaunchPlan:
     if v.get("kernel") == "hopper_ws":
         return plan_hopper_ws(tokens, heads, WIDTH, torch.cuda.get_device_properties(0).multi_processor_count,
-                              slots=v.get("slots"), splits=v.get("splits"), block_h=v.get("block_h"))
+                              slots=v.get("slots"), splits=v.get("splits"), block_h=v.get("block_h"),
+                              role_split=v.get("role_split"))
     if v.get("kernel") == "hopper":
         return plan_hopper(tokens, heads, WIDTH, rope, torch.cuda.get_device_properties(0).multi_processor_count,
                            stages=v.get("stages"), splits=v.get("splits"), block_n=v.get("block_n"),
@@ -159,7 +164,7 @@ def main() -> int:
                     row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
                 rows.append(row)
                 print({k: row.get(k) for k in ("heads", "tokens", "mode", "block_h", "block_n", "num_warps", "prefetch",
-                                               "num_stages", "splits", "kernel", "passed", "max_abs_err",
+                                               "num_stages", "splits", "kernel", "role_split", "passed", "max_abs_err",
                                                "median_ms", "tbps", "tflops", "error")}, flush=True)
             write_csv(out_dir / "tune.csv", rows)
     write_json(out_dir / "tune_env.json", {**environment_header(), **ceil.as_row()})
@@ -171,7 +176,8 @@ def main() -> int:
     for (h, t, m), g in ok.groupby(["heads", "tokens", "mode"]):
         b = g.sort_values("median_ms").iloc[0]
         print(f"H={h:<4} T={t:<4} {m:5} {b.median_ms:.4f} ms  bn={b.block_n} w={b.num_warps} pf={b.prefetch} "
-              f"st={b.num_stages} sp={b.splits} {b.kernel} {b.tbps:.2f} TB/s {b.tflops:.0f} TFLOP/s")
+              f"st={b.num_stages} sp={b.splits} {b.kernel}{' split' if b.role_split else ''} {b.tbps:.2f} TB/s "
+              f"{b.tflops:.0f} TFLOP/s")
     return 0
 
 

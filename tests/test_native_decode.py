@@ -38,7 +38,8 @@ def test_plan_covers_every_entry_and_head_exactly_once(heads, tokens, width, pla
         plan = plan_launch(tokens, heads, width, sms=132)
     elif planner == "hopper-ws":
         plan = plan_hopper_ws(tokens, heads, width, sms=132)
-        assert ws_smem_bytes(plan.block_h, plan.num_stages) <= HOPPER_SMEM and plan.block_h <= 32
+        assert ws_smem_bytes(plan.block_h, plan.num_stages, role_split=plan.role_split) <= HOPPER_SMEM
+        assert plan.block_h <= 32 and plan.role_split == (plan.block_h == 16)
     else:
         rope = planner == "hopper-rope"
         plan = plan_hopper(tokens, heads, width, rope, sms=132)
@@ -73,16 +74,33 @@ def test_warp_specialised_kernel_is_chosen_where_it_was_measured_faster():
 def test_warp_specialised_shared_memory_model_covers_the_compiled_kernels():
     """Shared bytes of the warp-specialised kernel compiled for sm_90 by Triton 3.6 (the H200's)
     and 3.9, in the shapes plan_hopper_ws emits; the model must cover both, tightly."""
-    compiled = {(16, 4): (217896, 217896), (32, 3): (219560, 219304)}
-    for (block_h, slots), sizes in compiled.items():
-        plan = plan_hopper_ws(512, block_h, 2176)
-        assert (plan.block_h, plan.num_stages) == (block_h, slots)
+    compiled = {(16, 2, True): (186492, 186492), (32, 3, False): (223656, 223416),
+                (16, 4, False): (219960, 219960)}
+    for (block_h, slots, split), sizes in compiled.items():
+        plan = plan_hopper_ws(512, block_h, 2176, role_split=None if split else False)
+        assert (plan.block_h, plan.num_stages, plan.role_split) == (block_h, slots, split)
         for nbytes in sizes:
-            assert 0 <= ws_smem_bytes(block_h, slots) - nbytes <= 1536
+            assert 0 <= ws_smem_bytes(block_h, slots, role_split=split) - nbytes <= 1536
     with pytest.raises(ValueError, match="at most 32 heads"):
         plan_hopper_ws(512, 64, 2176, block_h=64)
     with pytest.raises(ValueError, match="shared memory"):
-        plan_hopper_ws(512, 16, 2176, slots=6)
+        plan_hopper_ws(512, 16, 2176, slots=6, role_split=False)
+    with pytest.raises(ValueError, match="16 heads per program only"):
+        plan_hopper_ws(512, 32, 2176, role_split=True)
+
+
+@pytest.mark.parametrize("tokens, heads", [(1, 16), (8, 16), (8, 32), (100, 16), (512, 16), (512, 32), (512, 64)])
+def test_warp_specialised_grid_walks_every_work_item_once(tokens, heads):
+    """The kernel's 1-D grid: with the role split one persistent program per SM, each taking
+    items pid, pid + programs, ...; with one consumer one program per item."""
+    plan = plan_hopper_ws(tokens, heads, 2176, sms=132)
+    (programs,) = plan.grid(tokens)
+    items = tokens * plan.head_blocks * plan.splits
+    assert programs == (min(items, 132) if plan.role_split else items)
+    walked = sorted(item for pid in range(programs) for item in range(pid, items, programs))
+    assert walked == list(range(items))
+    other = plan_hopper(tokens, heads, 2176, False, 132)  # the other kernels: (token, head block) x split
+    assert other.grid(tokens) == (tokens * other.head_blocks, other.splits)
 
 
 def test_hopper_shared_memory_model_covers_the_compiled_kernels():
@@ -134,6 +152,8 @@ def test_hopper_build_flags_spills_missing_wgmma_and_shared_memory_overruns():
     assert "no wgmma" in hopper_build.KernelBuild(16, 64, 2, False, 1.0, False, 152320, 153088, 128, 0).problems
     # The warp-specialised kernel's model carries its own margin: compiled bytes up to the model pass.
     ws = dict(kernel="hopper_ws")
+    assert "scorer + accumulator" in hopper_build.KernelBuild(16, 64, 2, False, 1.0, True, 1, 2, 128, 0, kernel="hopper_ws",
+                                                              role_split=True).shape
     assert hopper_build.KernelBuild(16, 64, 4, False, 1.0, True, 219136, 219136, 168, 0, **ws).problems == []
     over = hopper_build.KernelBuild(16, 64, 4, False, 1.0, True, 219137, 219136, 168, 0, **ws).problems
     assert over == ["219137 B shared > planned 219136"]
@@ -191,8 +211,9 @@ GPU_GRID = [(h, t, w, rope, rb) for h in (16, 32, 64, 128) for t in (1, 8, 64) f
 
 
 def gpu_plan(kernel: str, tokens: int, heads: int, width: int, rope: int):
-    """The launch plan of one of the three kernels; the Hopper ones are skipped off SM90, the
-    warp-specialised one also for RoPE rows (it reads NoPE rows only)."""
+    """The launch plan of one of the three kernels (hopper_ws: its planned form, at 16 heads per
+    program the role split; hopper_ws_one: one consumer); the Hopper ones are skipped off SM90,
+    the warp-specialised one also for RoPE rows (it reads NoPE rows only)."""
     from nopebench.decode.native import hopper_available, plan_hopper
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -200,15 +221,15 @@ def gpu_plan(kernel: str, tokens: int, heads: int, width: int, rope: int):
         return plan_launch(tokens, heads, width, sms)
     if not hopper_available(0):
         pytest.skip("the Hopper kernels need an SM90 GPU and Triton's Gluon")
-    if kernel == "hopper_ws":
+    if kernel.startswith("hopper_ws"):
         if rope:
             pytest.skip("the warp-specialised kernel reads NoPE rows only")
-        return plan_hopper_ws(tokens, heads, width, sms)
+        return plan_hopper_ws(tokens, heads, width, sms, role_split=False if kernel == "hopper_ws_one" else None)
     return plan_hopper(tokens, heads, width, bool(rope), sms)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["triton", "hopper", "hopper_ws"])
+@pytest.mark.parametrize("kernel", ["triton", "hopper", "hopper_ws", "hopper_ws_one"])
 @pytest.mark.parametrize("heads, tokens, width, rope, row_bytes", GPU_GRID)
 def test_native_matches_reference_on_gpu(heads, tokens, width, rope, row_bytes, kernel):
     from nopebench.decode.native import native_decode
@@ -227,7 +248,7 @@ def test_native_matches_reference_on_gpu(heads, tokens, width, rope, row_bytes, 
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["triton", "hopper", "hopper_ws"])
+@pytest.mark.parametrize("kernel", ["triton", "hopper", "hopper_ws", "hopper_ws_one"])
 def test_native_replays_in_a_cuda_graph(kernel):
     from nopebench.decode.native import DecodeBuffers, native_decode
 

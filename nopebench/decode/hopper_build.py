@@ -28,8 +28,9 @@ from nopebench.decode.native import (
 # (heads per program, rows per block, ring slots, RoPE lanes): every shape plan_hopper emits.
 PLAN_SHAPES = ((16, 128, 1, False), (16, 64, 2, False), (16, 64, 2, True), (32, 64, 2, False), (32, 64, 2, True),
                (64, 64, 2, False))
-# The warp-specialised kernel: (heads per program, token count) of each shape plan_hopper_ws emits.
-WS_PLAN_CASES = ((16, 512), (32, 512))
+# The warp-specialised kernel: (heads, query tokens, role split) of each shape plan_hopper_ws
+# emits (None: its default), and its one-consumer form at 16 heads, which tuning compares.
+WS_PLAN_CASES = ((16, 512, None), (32, 512, None), (16, 512, False))
 # Triton 3.6 (on the H200) asks 512 bytes more shared memory than the 3.9 this compiles with.
 TRITON_36_EXTRA_SHARED = 512
 
@@ -47,10 +48,12 @@ class KernelBuild:
     registers: int | None  # None: no cuobjdump to read them with
     stack_bytes: int | None
     kernel: str = "hopper"
+    role_split: bool = False
 
     @property
     def shape(self) -> str:
-        name = "warp-specialised, " if self.kernel == "hopper_ws" else ""
+        name = ("warp-specialised (scorer + accumulator), " if self.role_split else
+                "warp-specialised, " if self.kernel == "hopper_ws" else "")
         return f"{name}{self.block_h} heads x {self.block_n} rows, {self.stages} slot(s){', RoPE' if self.rope else ''}"
 
     @property
@@ -81,7 +84,7 @@ def gluon_missing() -> str | None:
     return None
 
 
-_SCALARS = {"heads", "width", "entries_per_split", "stride_qt", "stride_qh", "stride_it", "stride_ot", "stride_oh",
+_SCALARS = {"heads", "width", "entries_per_split", "tokens", "stride_qt", "stride_qh", "stride_it", "stride_ot", "stride_oh",
             "stride_os", "stride_lt", "stride_ls"}
 _POINTERS = {"q_ptr": "*bf16", "cache_ptr": "*u8", "idx_ptr": "*i32", "out_ptr": "*fp32", "lse_ptr": "*fp32"}
 
@@ -114,20 +117,21 @@ def compile_shape(block_h: int, block_n: int, stages: int, rope: bool) -> Kernel
                        registers, stack)
 
 
-def compile_ws_shape(heads: int, tokens: int) -> KernelBuild:
+def compile_ws_shape(heads: int, tokens: int, role_split: bool | None = None) -> KernelBuild:
     """The warp-specialised kernel as `plan_hopper_ws` launches it for `heads` x `tokens`."""
     from nopebench.decode import hopper_ws_decode as ws
 
-    plan = plan_hopper_ws(tokens, heads, 2176)
+    plan = plan_hopper_ws(tokens, heads, 2176, role_split=role_split)
     constants = dict(BLOCK_H=plan.block_h, BLOCK_N=plan.block_n, ROW_BYTES=528, HEAD_BLOCKS=plan.head_blocks,
-                     RING_SLOTS=plan.num_stages, C_WARPS=ws.CONSUMER_WARPS, P_WARPS=ws.PRODUCER_WARPS,
-                     P_REGS=ws.PRODUCER_REGS)
-    options = {"num_warps": ws.CONSUMER_WARPS, "maxnreg": ws.launch_regs()}
+                     BLOCKS=plan.entries_per_split // plan.block_n, RING_SLOTS=plan.num_stages,
+                     ROLE_SPLIT=plan.role_split, C_WARPS=ws.CONSUMER_WARPS, P_WARPS=ws.PRODUCER_WARPS,
+                     P_REGS=ws.PRODUCER_REGS, S_REGS=ws.SCORER_REGS)
+    options = {"num_warps": ws.CONSUMER_WARPS, "maxnreg": ws.launch_regs(plan.role_split)}
     compiled, seconds, registers, stack = _compile(ws.hopper_ws_decode_kernel, constants, options)
     return KernelBuild(plan.block_h, plan.block_n, plan.num_stages, False, seconds,
                        "wgmma.mma_async" in compiled.asm["ptx"], int(compiled.metadata.shared),
-                       ws_smem_bytes(plan.block_h, plan.num_stages, plan.block_n),
-                       registers, stack, kernel="hopper_ws")
+                       ws_smem_bytes(plan.block_h, plan.num_stages, plan.block_n, plan.role_split),
+                       registers, stack, kernel="hopper_ws", role_split=plan.role_split)
 
 
 def _resource_usage(triton_dir: Path, cubin: bytes) -> tuple[int | None, int | None]:

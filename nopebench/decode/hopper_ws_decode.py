@@ -1,22 +1,29 @@
-"""Warp-specialised sparse MLA decode for Hopper (SM90), NoPE rows, in Gluon.
+"""Warp-specialised, persistent sparse MLA decode for Hopper (SM90), NoPE rows, in Gluon.
 
 `hopper_decode.py` runs every phase in the same warps, one after the other: gather, dequantize,
 score product, softmax, output product; ncu showed each SM doing one of them at a time. Here
-two roles run at once:
+the roles run at once, in partitions that hand tiles over with mbarriers:
 
-- the producer (two warpgroups, a worker partition) gathers rows with cp.async into a ring of
-  32-row slots and dequantizes each 64-row block (fp8 * tile scale -> bf16, rounded as the
-  reference rounds) into one of two swizzled tiles. Each slot's copy group also brings the
-  index entries of the rows that will refill it, so no index load is ever waited on;
-- the consumer (one warpgroup, the default partition) runs S^T = K Q^T, the online softmax and
-  O^T += K^T P^T on the other tile, exactly as `hopper_decode` does.
+- the producer (two warpgroups) gathers rows with cp.async into a ring of 32-row slots and
+  dequantizes each 64-row block (fp8 * tile scale -> bf16, rounded as the reference rounds)
+  into one of two swizzled tiles. Each slot's copy group also brings the index entries of the
+  rows that will refill it, so no index load is ever waited on;
+- with ROLE_SPLIT, a scorer warpgroup runs S^T = K Q^T and the online softmax, and hands P and
+  the per-head rescale factor through a double-buffered P tile to an accumulator warpgroup,
+  which runs O^T = alpha O^T + K^T P^T and holds O^T. So the scores of block i+1 overlap the
+  output product of block i. Without it one consumer warpgroup runs the three in turn (the H200
+  measured that faster at 32 heads per program, the split faster at 16).
+
+The grid is one-dimensional over work items (query token, head block, split). With ROLE_SPLIT
+it is persistent: one program per SM walks items pid, pid + programs, ..., every partition the
+same list, so the producer gathers the next item's rows while the consumers finish the last
+one. The single consumer takes one item per program. Items have the same number of blocks;
+rows past an item's range are masked.
 
 Two mbarriers per tile hand it over: `full` (producer -> consumer: the tile holds the next
-block) and `empty` (consumer -> producer: the products that read it retired). One consumer
-warpgroup holds O^T (512 x heads, fp32) in registers, so a program takes at most 32 heads; RoPE
-rows stay with `hopper_decode` (their extra lanes would not leave room for two tiles).
-
-Same contract and output buffers as `hopper_decode.hopper_decode_kernel`.
+block) and `empty` (the output product that read it retired). O^T (512 x heads, fp32) lives in
+one warpgroup's registers, so a program takes at most 32 heads; RoPE rows stay with
+`hopper_decode`. Same output buffers as `hopper_decode.hopper_decode_kernel`, plus `tokens`.
 """
 
 from __future__ import annotations
@@ -36,23 +43,55 @@ from nopebench.decode.hopper_decode import (
     _copy_rows,
     _cp_async,
     _empty_state,
+    _issue_output,
     _issue_scores,
     _load_idx,
-    _program,
+    _softmax_step,
     _stage_q,
     _write_out,
 )
 
-NUM_BUF = gl.constexpr(2)  # dequantized tiles: one being written, one being read
-CONSUMER_WARPS, PRODUCER_WARPS = 4, 8
-# setmaxnreg budget of a producer thread: its dequantization without spilling (the compile-only
-# build checks); the consumer gets the rest.
-PRODUCER_REGS = 96
+NUM_BUF = gl.constexpr(2)  # dequantized tiles (and P tiles): one being written, one being read
+CONSUMER_WARPS, PRODUCER_WARPS = 4, 8  # each consumer role is one warpgroup
+# setmaxnreg budgets: the producer's dequantization and the scorer's softmax without spilling
+# (the compile-only build checks); the accumulator (the default partition) gets the rest.
+PRODUCER_REGS, SCORER_REGS = 104, 96
 
 
-def launch_regs() -> int:
+def launch_regs(role_split: bool) -> int:
     """Registers per thread at launch: the 64K register file over all the warps (multiple of 8)."""
-    return 65536 // (32 * (CONSUMER_WARPS + PRODUCER_WARPS)) // 8 * 8
+    warps = CONSUMER_WARPS * (2 if role_split else 1) + PRODUCER_WARPS
+    return 65536 // (32 * warps) // 8 * 8
+
+
+@gluon.jit
+def _stream(tokens, width, entries_per_split, HEAD_BLOCKS: gl.constexpr):
+    """This program's place in the persistent grid: its id, the program count, the split count
+    and the number of work items. Each partition computes it (cheaper than passing it)."""
+    splits = gl.cdiv(width, entries_per_split)
+    return gl.program_id(0), gl.num_programs(0), splits, tokens * HEAD_BLOCKS * splits
+
+
+@gluon.jit
+def _item(item, idx_ptr, width, entries_per_split, stride_it, splits, HEAD_BLOCKS: gl.constexpr):
+    """Work item -> query token, head block, split, index row and top-k range [start, end)."""
+    split = item % splits
+    tok = item // splits // HEAD_BLOCKS
+    hb = item // splits % HEAD_BLOCKS
+    start = split * entries_per_split
+    return tok, hb, split, idx_ptr + tok.to(gl.int64) * stride_it, start, gl.minimum(start + entries_per_split, width)
+
+
+@gluon.jit
+def _sub_block(k, idx_ptr, width, entries_per_split, stride_it, tokens,
+               SUB: gl.constexpr, SUBS_PER_ITEM: gl.constexpr, HEAD_BLOCKS: gl.constexpr):
+    """The k-th SUB-row sub-block of this program's stream: its index row, first entry and the
+    end of its item's range (0 past the last item, so nothing is gathered)."""
+    pid, nprog, splits, items = _stream(tokens, width, entries_per_split, HEAD_BLOCKS)
+    item = pid + (k // SUBS_PER_ITEM) * nprog
+    _, _, _, idx_row, start, end = _item(gl.minimum(item, items - 1), idx_ptr, width, entries_per_split, stride_it,
+                                         splits, HEAD_BLOCKS)
+    return idx_row, start + (k % SUBS_PER_ITEM) * SUB, gl.where(item < items, end, 0)
 
 
 @gluon.jit
@@ -67,14 +106,17 @@ def _gather_block(cache_ptr, idx, raw_k, raw_s, slot, idx_row, idx_n0, end, idx_
 
 
 @gluon.jit
-def _producer(cache_ptr, idx_row, start, end, raw_k, raw_s, idx_ring, kv_bufs, full_bars, empty_bars,
-              BLOCK_N: gl.constexpr, ROW_BYTES: gl.constexpr, RING_SLOTS: gl.constexpr, P_WARPS: gl.constexpr):
-    """Gathers and dequantizes every block of the range into the tile the consumer has freed."""
+def _producer(cache_ptr, idx_ptr, width, entries_per_split, stride_it, tokens, raw_k, raw_s, idx_ring, kv_bufs,
+              full_bars, empty_bars, BLOCK_N: gl.constexpr, BLOCKS: gl.constexpr, ROW_BYTES: gl.constexpr,
+              RING_SLOTS: gl.constexpr, P_WARPS: gl.constexpr, HEAD_BLOCKS: gl.constexpr):
+    """Gathers and dequantizes every block of every item into the tile the consumers freed."""
     # The ring holds sub-blocks of SUB rows (one pass of the gather layout), so that while one is
     # being dequantized the other RING_SLOTS - 1 stay in flight. Sub-block k's group also brings
-    # the index entries of sub-block k + RING_SLOTS, which refills its slot.
+    # the index entries of sub-block k + RING_SLOTS, which refills its slot; the stream runs on
+    # across items, so the next item's rows are in flight while this one finishes.
     SUB: gl.constexpr = 4 * P_WARPS
     SUBS: gl.constexpr = BLOCK_N // SUB
+    PER_ITEM: gl.constexpr = BLOCKS * SUBS
     gather: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [P_WARPS, 1], [1, 0])
     scales_l: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [P_WARPS, 1], [1, 0])
     idx_l: gl.constexpr = gl.BlockedLayout([1], [32], [P_WARPS], [0])
@@ -84,14 +126,18 @@ def _producer(cache_ptr, idx_row, start, end, raw_k, raw_s, idx_ring, kv_bufs, f
     deq_scales: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [P_WARPS, 1], [1, 0])  # its rows, 4 scales each
     rows_g: gl.constexpr = gl.SliceLayout(1, gather)
     tile_of = gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, deq_scales)), 0)
+    pid, nprog, splits, items = _stream(tokens, width, entries_per_split, HEAD_BLOCKS)
     for j in gl.static_range(RING_SLOTS):
-        _gather_block(cache_ptr, _load_idx(idx_row, start + j * SUB, end, SUB, rows_g), raw_k, raw_s, j,
-                      idx_row, start + (j + RING_SLOTS) * SUB, end, idx_ring, ROW_BYTES, gather, scales_l, idx_l)
-    for i in range(gl.cdiv(end - start, BLOCK_N)):
-        b = i % NUM_BUF
-        mbarrier.wait(empty_bars.index(b), ((i // NUM_BUF) & 1) ^ 1)  # tile b is free (both start free)
+        row, n0, end = _sub_block(j, idx_ptr, width, entries_per_split, stride_it, tokens, SUB, PER_ITEM, HEAD_BLOCKS)
+        nrow, nn0, nend = _sub_block(j + RING_SLOTS, idx_ptr, width, entries_per_split, stride_it, tokens, SUB,
+                                     PER_ITEM, HEAD_BLOCKS)
+        _gather_block(cache_ptr, _load_idx(row, n0, end, SUB, rows_g), raw_k, raw_s, j, nrow, nn0, nend, idx_ring,
+                      ROW_BYTES, gather, scales_l, idx_l)
+    for g in range(gl.cdiv(items - pid, nprog) * BLOCKS):
+        b = g % NUM_BUF
+        mbarrier.wait(empty_bars.index(b), ((g // NUM_BUF) & 1) ^ 1)  # tile b is free (both start free)
         for j in gl.static_range(SUBS):
-            k = i * SUBS + j
+            k = g * SUBS + j
             slot = k % RING_SLOTS
             cp.wait_group(RING_SLOTS - 1)  # sub-block k has landed, with the indices of k + RING_SLOTS
             # The slot's loads, then the tile's stores (timed the same as interleaving them).
@@ -104,12 +150,15 @@ def _producer(cache_ptr, idx_row, start, end, raw_k, raw_s, idx_ring, kv_bufs, f
                 kv_bufs[t].index(b).slice(j * SUB, SUB).store(kv.to(gl.bfloat16))
             # Dequantized: refill the slot with sub-block k + RING_SLOTS (cp.async zero-fills
             # entries past `end`, so the range mask is applied again here).
-            n_next = start + (k + RING_SLOTS) * SUB
-            offs = n_next + gl.arange(0, SUB, layout=rows_g)
-            idx = gl.where(offs < end, idx_ring.index(slot).load(rows_g), -1)
-            _gather_block(cache_ptr, idx, raw_k, raw_s, slot, idx_row, n_next + RING_SLOTS * SUB, end, idx_ring,
-                          ROW_BYTES, gather, scales_l, idx_l)
-        fence_async_shared()  # generic-proxy stores -> the consumer's wgmma (async proxy)
+            _, n1, end1 = _sub_block(k + RING_SLOTS, idx_ptr, width, entries_per_split, stride_it, tokens, SUB,
+                                     PER_ITEM, HEAD_BLOCKS)
+            offs = n1 + gl.arange(0, SUB, layout=rows_g)
+            idx = gl.where(offs < end1, idx_ring.index(slot).load(rows_g), -1)
+            nrow, nn0, nend = _sub_block(k + 2 * RING_SLOTS, idx_ptr, width, entries_per_split, stride_it, tokens,
+                                         SUB, PER_ITEM, HEAD_BLOCKS)
+            _gather_block(cache_ptr, idx, raw_k, raw_s, slot, nrow, nn0, nend, idx_ring, ROW_BYTES, gather,
+                          scales_l, idx_l)
+        fence_async_shared()  # generic-proxy stores -> the consumers' wgmma (async proxy)
         mbarrier.arrive(full_bars.index(b), count=1)
     cp.wait_group(0)
 
@@ -120,36 +169,114 @@ def _tile(kv_bufs, b):
 
 
 @gluon.jit
-def _consumer(q_smem, kv_bufs, p_smem, full_bars, empty_bars, idx_row, start, end, qk_scale_log2,
-              BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr):
-    """Each block as the producer hands it over: scores, online softmax, output product; then
-    the tile goes back. Returns the unnormalised O^T tiles and the softmax state."""
+def _scores(q_smem, kv_bufs, full_bars, g, BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr, s_layout: gl.constexpr):
+    """Waits for stream block g's tile and returns its scores S^T = K Q^T."""
+    b = g % NUM_BUF
+    mbarrier.wait(full_bars.index(b), (g // NUM_BUF) & 1)
+    s = _issue_scores(_tile(kv_bufs, b), q_smem, q_smem, q_smem, 0, BLOCK_N, BLOCK_H, False, s_layout)
+    return warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+
+
+@gluon.jit
+def _consumer(q_ptr, out_ptr, lse_ptr, idx_ptr, q_smem, kv_bufs, p_smem, full_bars, empty_bars,
+              heads, width, entries_per_split, qk_scale_log2, tokens,
+              stride_qt, stride_qh, stride_it, stride_ot, stride_oh, stride_os, stride_lt, stride_ls,
+              BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr, BLOCKS: gl.constexpr, HEAD_BLOCKS: gl.constexpr,
+              s_layout: gl.constexpr, o_layout: gl.constexpr, q_layout: gl.constexpr):
+    """One warpgroup, one item (this consumer's grid is one program per item: looping over
+    items, the addresses it hoists out of the loop spill at 32 heads): stage q, then per block
+    scores, online softmax and output product in turn (the tile goes back after each)."""
     rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    pid, nprog, splits, items = _stream(tokens, width, entries_per_split, HEAD_BLOCKS)
+    tok, hb, split, idx_row, start, end = _item(pid, idx_ptr, width, entries_per_split, stride_it, splits, HEAD_BLOCKS)
+    _stage_q(q_ptr, q_smem, tok, hb, heads, stride_qt, stride_qh, BLOCK_H, q_layout)
+    fence_async_shared()
     o0, o1, o2, o3, m_i, l_i = _empty_state(BLOCK_H, s_layout, o_layout)
-    valid_next = _load_idx(idx_row, start, end, BLOCK_N, rows_s) >= 0
-    for i in range(gl.cdiv(end - start, BLOCK_N)):
-        b = i % NUM_BUF
-        valid = valid_next
-        valid_next = _load_idx(idx_row, start + (i + 1) * BLOCK_N, end, BLOCK_N, rows_s) >= 0
-        mbarrier.wait(full_bars.index(b), (i // NUM_BUF) & 1)
-        kv = _tile(kv_bufs, b)
-        s = _issue_scores(kv, q_smem, q_smem, q_smem, 0, BLOCK_N, BLOCK_H, False, s_layout)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        o0, o1, o2, o3, m_i, l_i = _attend(s, valid, kv, p_smem, o0, o1, o2, o3, m_i, l_i, qk_scale_log2, o_layout)
-        mbarrier.arrive(empty_bars.index(b), count=1)
-    return o0, o1, o2, o3, m_i, l_i
+    for i in range(BLOCKS):
+        valid = _load_idx(idx_row, start + i * BLOCK_N, end, BLOCK_N, rows_s) >= 0
+        s = _scores(q_smem, kv_bufs, full_bars, i, BLOCK_N, BLOCK_H, s_layout)
+        o0, o1, o2, o3, m_i, l_i = _attend(s, valid, _tile(kv_bufs, i % NUM_BUF), p_smem.index(0),
+                                           o0, o1, o2, o3, m_i, l_i, qk_scale_log2, o_layout)
+        mbarrier.arrive(empty_bars.index(i % NUM_BUF), count=1)
+    _write_out(o0, o1, o2, o3, m_i, l_i, out_ptr, lse_ptr, tok, hb, split, heads,
+               stride_ot, stride_oh, stride_os, stride_lt, stride_ls, BLOCK_H, s_layout, o_layout)
+
+
+@gluon.jit
+def _scorer(q_ptr, idx_ptr, q_smem, kv_bufs, p_smem, a_smem, ml_smem, full_bars, p_full, p_empty, fin_bars,
+            heads, width, entries_per_split, qk_scale_log2, tokens, stride_qt, stride_qh, stride_it,
+            BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr, BLOCKS: gl.constexpr, HEAD_BLOCKS: gl.constexpr,
+            s_layout: gl.constexpr, q_layout: gl.constexpr):
+    """ROLE_SPLIT's first consumer, every item: stage q, then per block the scores and online
+    softmax; P and the rescale factor go to the accumulator, and the final max and sum too."""
+    rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    pid, nprog, splits, items = _stream(tokens, width, entries_per_split, HEAD_BLOCKS)
+    for it in range(gl.cdiv(items - pid, nprog)):
+        tok, hb, split, idx_row, start, end = _item(pid + it * nprog, idx_ptr, width, entries_per_split, stride_it,
+                                                    splits, HEAD_BLOCKS)
+        _stage_q(q_ptr, q_smem, tok, hb, heads, stride_qt, stride_qh, BLOCK_H, q_layout)
+        fence_async_shared()
+        m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(0, s_layout))
+        l_i = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(0, s_layout))
+        for i in range(BLOCKS):
+            g = it * BLOCKS + i
+            b = g % NUM_BUF
+            valid = _load_idx(idx_row, start + i * BLOCK_N, end, BLOCK_N, rows_s) >= 0
+            s = _scores(q_smem, kv_bufs, full_bars, g, BLOCK_N, BLOCK_H, s_layout)
+            p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, qk_scale_log2)
+            mbarrier.wait(p_empty.index(b), ((g // NUM_BUF) & 1) ^ 1)  # P tile b is free (both start free)
+            p_smem.index(b).store(p.to(gl.bfloat16))
+            a_smem.index(b).store(alpha)
+            fence_async_shared()  # P -> the accumulator's wgmma
+            mbarrier.arrive(p_full.index(b), count=1)
+        f = it % 2  # the accumulator reads item it's max and sum while this one runs item it + 1
+        ml_smem.index(2 * f).store(m_i)
+        ml_smem.index(2 * f + 1).store(l_i)
+        mbarrier.arrive(fin_bars.index(f), count=1)
+
+
+@gluon.jit
+def _accumulator(out_ptr, lse_ptr, idx_ptr, kv_bufs, p_smem, a_smem, ml_smem, empty_bars, p_full, p_empty, fin_bars,
+                 heads, width, entries_per_split, tokens, stride_it, stride_ot, stride_oh, stride_os, stride_lt,
+                 stride_ls, BLOCK_H: gl.constexpr, BLOCKS: gl.constexpr, HEAD_BLOCKS: gl.constexpr,
+                 o_layout: gl.constexpr):
+    """ROLE_SPLIT's second consumer, every item: the output product of each block as the scorer
+    hands over its P (then the tile goes back), then normalise and store."""
+    pid, nprog, splits, items = _stream(tokens, width, entries_per_split, HEAD_BLOCKS)
+    for it in range(gl.cdiv(items - pid, nprog)):
+        o0, o1, o2, o3, _, _ = _empty_state(BLOCK_H, o_layout, o_layout)
+        for i in range(BLOCKS):
+            g = it * BLOCKS + i
+            b = g % NUM_BUF
+            mbarrier.wait(p_full.index(b), (g // NUM_BUF) & 1)
+            alpha = a_smem.index(b).load(gl.SliceLayout(0, o_layout))
+            o0, o1, o2, o3 = _issue_output(_tile(kv_bufs, b), p_smem.index(b), o0, o1, o2, o3, alpha, o_layout)
+            o0, o1, o2, o3 = warpgroup_mma_wait(num_outstanding=0, deps=(o0, o1, o2, o3))
+            mbarrier.arrive(p_empty.index(b), count=1)
+            mbarrier.arrive(empty_bars.index(b), count=1)
+        f = it % 2
+        mbarrier.wait(fin_bars.index(f), (it // 2) & 1)
+        m_i = ml_smem.index(2 * f).load(gl.SliceLayout(0, o_layout))
+        l_i = ml_smem.index(2 * f + 1).load(gl.SliceLayout(0, o_layout))
+        tok, hb, split, _, _, _ = _item(pid + it * nprog, idx_ptr, width, entries_per_split, stride_it, splits,
+                                        HEAD_BLOCKS)
+        _write_out(o0, o1, o2, o3, m_i, l_i, out_ptr, lse_ptr, tok, hb, split, heads,
+                   stride_ot, stride_oh, stride_os, stride_lt, stride_ls, BLOCK_H, o_layout, o_layout)
 
 
 @gluon.jit
 def hopper_ws_decode_kernel(
     q_ptr, cache_ptr, idx_ptr, out_ptr, lse_ptr,
     heads, width, entries_per_split, qk_scale_log2,
-    stride_qt, stride_qh, stride_it, stride_ot, stride_oh, stride_os, stride_lt, stride_ls,
+    stride_qt, stride_qh, stride_it, stride_ot, stride_oh, stride_os, stride_lt, stride_ls, tokens,
     BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, ROW_BYTES: gl.constexpr, HEAD_BLOCKS: gl.constexpr,
-    RING_SLOTS: gl.constexpr, C_WARPS: gl.constexpr, P_WARPS: gl.constexpr, P_REGS: gl.constexpr,
+    BLOCKS: gl.constexpr, RING_SLOTS: gl.constexpr, ROLE_SPLIT: gl.constexpr,
+    C_WARPS: gl.constexpr, P_WARPS: gl.constexpr, P_REGS: gl.constexpr, S_REGS: gl.constexpr,
 ):
-    # C_WARPS: the consumer's warps (the kernel's num_warps, one warpgroup); P_WARPS, P_REGS: the
-    # producer's warps and register budget (setmaxnreg); RING_SLOTS: ring slots of 4 * P_WARPS rows.
+    # BLOCKS: BLOCK_N-row blocks per item (entries_per_split / BLOCK_N); C_WARPS: each consumer
+    # role's warps (one warpgroup, the kernel's num_warps); P_WARPS, P_REGS, S_REGS: the producer's
+    # warps and the producer's and scorer's register budgets (setmaxnreg); RING_SLOTS: ring
+    # slots of 4 * P_WARPS rows.
     SUB: gl.constexpr = 4 * P_WARPS
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[C_WARPS, 1],
                                                        instr_shape=[16, BLOCK_H, 16])
@@ -157,6 +284,7 @@ def hopper_ws_decode_kernel(
                                                        instr_shape=[16, BLOCK_H, 16])
     q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [C_WARPS, 1], [1, 0])
     plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    vec: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     kv_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, TILE], gl.bfloat16)
     q_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, TILE], gl.bfloat16)
     p_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_H], gl.bfloat16)
@@ -167,28 +295,50 @@ def hopper_ws_decode_kernel(
              gl.allocate_shared_memory(gl.uint8, [RING_SLOTS, SUB, TILE], plain),
              gl.allocate_shared_memory(gl.uint8, [RING_SLOTS, SUB, TILE], plain))
     raw_s = gl.allocate_shared_memory(gl.float32, [RING_SLOTS, SUB, 4], plain)
-    idx_ring = gl.allocate_shared_memory(gl.int32, [RING_SLOTS, SUB], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    idx_ring = gl.allocate_shared_memory(gl.int32, [RING_SLOTS, SUB], vec)
     kv_bufs = (gl.allocate_shared_memory(gl.bfloat16, [NUM_BUF, BLOCK_N, TILE], kv_shared),
                gl.allocate_shared_memory(gl.bfloat16, [NUM_BUF, BLOCK_N, TILE], kv_shared),
                gl.allocate_shared_memory(gl.bfloat16, [NUM_BUF, BLOCK_N, TILE], kv_shared),
                gl.allocate_shared_memory(gl.bfloat16, [NUM_BUF, BLOCK_N, TILE], kv_shared))
     q_smem = gl.allocate_shared_memory(gl.bfloat16, [4, BLOCK_H, TILE], q_shared)
-    p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, BLOCK_H], p_shared)
+    p_smem = gl.allocate_shared_memory(gl.bfloat16, [NUM_BUF, BLOCK_N, BLOCK_H], p_shared)
     full_bars = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
     empty_bars = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
     for b in gl.static_range(NUM_BUF):
         mbarrier.init(full_bars.index(b), count=1)
         mbarrier.init(empty_bars.index(b), count=1)
+    # (A tuple of the producer's arguments would lose their constexpr-ness, so each branch lists them.)
 
-    tok, hb, split, idx_row, start, end = _program(idx_ptr, width, entries_per_split, stride_it, HEAD_BLOCKS)
-    _stage_q(q_ptr, q_smem, tok, hb, heads, stride_qt, stride_qh, BLOCK_H, q_layout)
-    fence_async_shared()
-
-    o0, o1, o2, o3, m_i, l_i = gl.warp_specialize(
-        [(_consumer, (q_smem, kv_bufs, p_smem, full_bars, empty_bars, idx_row, start, end, qk_scale_log2,
-                      BLOCK_N, BLOCK_H, s_layout, o_layout)),
-         (_producer, (cache_ptr, idx_row, start, end, raw_k, raw_s, idx_ring, kv_bufs, full_bars, empty_bars,
-                      BLOCK_N, ROW_BYTES, RING_SLOTS, P_WARPS))],
-        [P_WARPS], [P_REGS])
-    _write_out(o0, o1, o2, o3, m_i, l_i, out_ptr, lse_ptr, tok, hb, split, heads,
-               stride_ot, stride_oh, stride_os, stride_lt, stride_ls, BLOCK_H, s_layout, o_layout)
+    if ROLE_SPLIT:
+        # The hand-over from scorer to accumulator: P's rescale factor per block, the final max
+        # and sum per item (two items' worth), and their barriers.
+        a_smem = gl.allocate_shared_memory(gl.float32, [NUM_BUF, BLOCK_H], vec)
+        ml_smem = gl.allocate_shared_memory(gl.float32, [4, BLOCK_H], vec)
+        p_full = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
+        p_empty = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
+        fin_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for b in gl.static_range(NUM_BUF):
+            mbarrier.init(p_full.index(b), count=1)
+            mbarrier.init(p_empty.index(b), count=1)
+            mbarrier.init(fin_bars.index(b), count=1)
+        gl.warp_specialize(
+            [(_accumulator, (out_ptr, lse_ptr, idx_ptr, kv_bufs, p_smem, a_smem, ml_smem, empty_bars, p_full, p_empty,
+                             fin_bars, heads, width, entries_per_split, tokens, stride_it, stride_ot, stride_oh,
+                             stride_os, stride_lt, stride_ls, BLOCK_H, BLOCKS, HEAD_BLOCKS, o_layout)),
+             (_scorer, (q_ptr, idx_ptr, q_smem, kv_bufs, p_smem, a_smem, ml_smem, full_bars, p_full, p_empty, fin_bars,
+                        heads, width, entries_per_split, qk_scale_log2, tokens, stride_qt, stride_qh, stride_it,
+                        BLOCK_N, BLOCK_H, BLOCKS, HEAD_BLOCKS, s_layout, q_layout)),
+             (_producer, (cache_ptr, idx_ptr, width, entries_per_split, stride_it, tokens, raw_k, raw_s, idx_ring,
+                          kv_bufs, full_bars, empty_bars, BLOCK_N, BLOCKS, ROW_BYTES, RING_SLOTS, P_WARPS,
+                          HEAD_BLOCKS))],
+            [C_WARPS, P_WARPS], [S_REGS, P_REGS])
+    else:
+        gl.warp_specialize(
+            [(_consumer, (q_ptr, out_ptr, lse_ptr, idx_ptr, q_smem, kv_bufs, p_smem, full_bars, empty_bars,
+                          heads, width, entries_per_split, qk_scale_log2, tokens,
+                          stride_qt, stride_qh, stride_it, stride_ot, stride_oh, stride_os, stride_lt, stride_ls,
+                          BLOCK_N, BLOCK_H, BLOCKS, HEAD_BLOCKS, s_layout, o_layout, q_layout)),
+             (_producer, (cache_ptr, idx_ptr, width, entries_per_split, stride_it, tokens, raw_k, raw_s, idx_ring,
+                          kv_bufs, full_bars, empty_bars, BLOCK_N, BLOCKS, ROW_BYTES, RING_SLOTS, P_WARPS,
+                          HEAD_BLOCKS))],
+            [P_WARPS], [P_REGS])

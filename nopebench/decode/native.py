@@ -37,10 +37,18 @@ class LaunchPlan:
     prefetch: bool = True
     factored: bool = False
     kernel: str = "triton"  # "triton": portable SM80+; "hopper", "hopper_ws": the SM90 Gluon kernels
+    role_split: bool = False  # hopper_ws: separate scorer and accumulator warpgroups, persistent grid
+    max_programs: int = 0  # hopper_ws: programs of its persistent grid (one per SM); 0: one per work item
 
     @property
     def programs(self) -> int:
         return self.head_blocks * self.splits
+
+    def grid(self, tokens: int) -> tuple[int, ...]:
+        if self.kernel != "hopper_ws":
+            return (tokens * self.head_blocks, self.splits)
+        items = tokens * self.programs  # hopper_ws walks (token, head block, split) items on one axis
+        return (min(items, self.max_programs) if self.max_programs else items,)
 
 
 def _next_pow2(n: int) -> int:
@@ -92,14 +100,19 @@ def hopper_smem_bytes(block_h: int, stages: int, rope: bool, block_n: int = 64) 
 
 
 WS_RING_ROWS = 32  # rows per gather-ring slot of the warp-specialised kernel (4 per producer warp)
-WS_MAX_BLOCK_H = 32  # its one consumer warpgroup holds O^T (512 x heads, fp32) in registers
+WS_MAX_BLOCK_H = 32  # one consumer warpgroup holds O^T (512 x heads, fp32) in registers
+# Ring slots with separate scorer and accumulator: the H200 timed 2 fastest at 16 heads and 512
+# tokens (0.279 ms, against 0.288 with 3 and 0.294 with 4); one consumer takes all that fit.
+WS_SPLIT_SLOTS = 2
 
 
-def ws_smem_bytes(block_h: int, slots: int, block_n: int = 64) -> int:
+def ws_smem_bytes(block_h: int, slots: int, block_n: int = 64, role_split: bool = False) -> int:
     """Shared memory of the warp-specialised kernel: the gather ring (fp8 tiles, scales, index
-    entries), two dequantized tiles, q, P, mbarriers and compiler scratch."""
+    entries), two dequantized tiles, q, two P tiles, with the role split the rescale factors and
+    final softmax state handed over, and mbarriers and compiler scratch."""
     ring = slots * WS_RING_ROWS * (512 + 16 + 4)
-    return ring + 2 * block_n * 512 * 2 + 4 * block_h * 128 * 2 + block_n * block_h * 2 + 1536
+    handover = 6 * block_h * 4 if role_split else 0
+    return ring + 2 * block_n * 512 * 2 + 4 * block_h * 128 * 2 + 2 * block_n * block_h * 2 + handover + 1536
 
 
 def score_warps_m(block_n: int) -> int:
@@ -150,25 +163,33 @@ def _split_one_per_sm(tokens: int, heads: int, width: int, block_h: int, block_n
 
 
 def plan_hopper_ws(tokens: int, heads: int, width: int, sms: int = DEFAULT_SMS, slots: int | None = None,
-                   splits: int | None = None, block_h: int | None = None) -> LaunchPlan:
+                   splits: int | None = None, block_h: int | None = None,
+                   role_split: bool | None = None) -> LaunchPlan:
     """Launch shape for the warp-specialised SM90 kernel (NoPE rows, at most 32 heads per
-    program): 64-row blocks, two dequantized tiles, and as many 32-row gather-ring slots as the
-    shared memory left beside them holds (the H200 sweeps: results/reference/decode-tuning/)."""
+    program): 64-row blocks, two dequantized tiles, one persistent program per SM. With 16 heads
+    per program the scorer and the accumulator are separate warpgroups (faster on the H200; at
+    32 heads one consumer was faster) with WS_SPLIT_SLOTS ring slots; one consumer takes as many
+    32-row slots as shared memory holds (the H200 sweeps: results/reference/decode-tuning/)."""
     block_n = 64
     if block_h is None:
         few = tokens * -(-heads // 16) < sms
         block_h = 16 if few else min(WS_MAX_BLOCK_H, max(16, _next_pow2(heads)))
     if block_h > WS_MAX_BLOCK_H:
         raise ValueError(f"the warp-specialised kernel takes at most {WS_MAX_BLOCK_H} heads per program")
+    if role_split is None:
+        role_split = block_h == 16
+    if role_split and block_h != 16:
+        raise ValueError("the warp-specialised kernel splits its consumer at 16 heads per program only")
     if slots is None:
-        slots = 1
-        while ws_smem_bytes(block_h, slots + 1, block_n) <= HOPPER_SMEM:
+        slots = WS_SPLIT_SLOTS if role_split else 1
+        while not role_split and ws_smem_bytes(block_h, slots + 1, block_n) <= HOPPER_SMEM:
             slots += 1
-    if ws_smem_bytes(block_h, slots, block_n) > HOPPER_SMEM:
+    if ws_smem_bytes(block_h, slots, block_n, role_split) > HOPPER_SMEM:
         raise ValueError(f"{slots} ring slots at {block_h} heads need more shared memory than SM90 has")
     head_blocks, splits, per_split = _split_one_per_sm(tokens, heads, width, block_h, block_n, sms, splits)
     return LaunchPlan(block_h, head_blocks, block_n, splits, per_split, num_warps=4, num_stages=slots,
-                      prefetch=False, kernel="hopper_ws")
+                      prefetch=False, kernel="hopper_ws", role_split=role_split,
+                      max_programs=sms if role_split else 0)
 
 
 def hopper_available(device) -> bool:
@@ -242,7 +263,7 @@ def native_decode(q: torch.Tensor, cache: torch.Tensor, indices: torch.Tensor, s
         return DecodeOutput(out, lse)
     stride_os = part.stride(0) if plan.splits > 1 else 0
     stride_ls = part_lse.stride(0) if plan.splits > 1 else 0
-    grid = (tokens * plan.head_blocks, plan.splits)
+    grid = plan.grid(tokens)
     args = (q, cache, indices, part, part_lse,
             heads, width, plan.entries_per_split, softmax_scale * k.LOG2E,
             q.stride(0), q.stride(1), indices.stride(0),
@@ -260,10 +281,11 @@ def native_decode(q: torch.Tensor, cache: torch.Tensor, indices: torch.Tensor, s
         if rope_dim:
             raise ValueError("the warp-specialised kernel reads NoPE rows only")
         ws.hopper_ws_decode_kernel[grid](
-            *args, BLOCK_H=plan.block_h, BLOCK_N=plan.block_n, ROW_BYTES=cache.shape[-1],
-            HEAD_BLOCKS=plan.head_blocks, RING_SLOTS=plan.num_stages, C_WARPS=ws.CONSUMER_WARPS,
-            P_WARPS=ws.PRODUCER_WARPS, P_REGS=ws.PRODUCER_REGS, num_warps=ws.CONSUMER_WARPS,
-            maxnreg=ws.launch_regs())
+            *args, tokens, BLOCK_H=plan.block_h, BLOCK_N=plan.block_n, ROW_BYTES=cache.shape[-1],
+            HEAD_BLOCKS=plan.head_blocks, BLOCKS=plan.entries_per_split // plan.block_n,
+            RING_SLOTS=plan.num_stages, ROLE_SPLIT=plan.role_split, C_WARPS=ws.CONSUMER_WARPS,
+            P_WARPS=ws.PRODUCER_WARPS, P_REGS=ws.PRODUCER_REGS, S_REGS=ws.SCORER_REGS,
+            num_warps=ws.CONSUMER_WARPS, maxnreg=ws.launch_regs(plan.role_split))
     else:
         k.sparse_decode_kernel[grid](
             *args, BLOCK_H=plan.block_h, BLOCK_N=plan.block_n, ROW_BYTES=cache.shape[-1], ROPE=bool(rope_dim),
