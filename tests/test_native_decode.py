@@ -106,6 +106,31 @@ def test_warp_specialised_grid_walks_every_work_item_once(tokens, heads):
     assert other.grid(tokens) == (tokens * other.head_blocks, other.splits)
 
 
+def test_warp_specialised_launch_is_what_the_build_compiles(monkeypatch):
+    """The launcher (GPU-only otherwise) hands the kernel its plan's 1-D grid, the token count
+    after the shared arguments, and exactly the constexprs and options the compile-only build
+    checks; recorded here with a stand-in kernel on CPU tensors."""
+    if (reason := hopper_build.gluon_missing()) is not None:
+        pytest.skip(reason)
+    from nopebench.decode import hopper_ws_decode as ws
+    from nopebench.decode.native import native_decode
+
+    calls = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: calls.append((grid, args, kwargs))
+
+    monkeypatch.setattr(ws, "hopper_ws_decode_kernel", Recorder())
+    q, cache, idx = decode_inputs(16, 512, 2176, 0, 528, "cpu", rows=4096)
+    plan = plan_hopper_ws(512, 16, 2176, sms=132)
+    native_decode(q, cache, idx, SCALE, 0, plan)
+    (grid, args, kwargs), = calls
+    constants, options = ws.launch_constants(plan, 528)
+    assert grid == (132,) and args[-1] == 512 and kwargs == {**constants, **options}
+    assert kwargs["ROLE_SPLIT"] and kwargs["BLOCKS"] == 2176 // 64 and kwargs["maxnreg"] == 128
+
+
 def test_hopper_shared_memory_model_covers_the_compiled_kernels():
     """Dynamic shared bytes of the kernels compiled for sm_90 by Triton 3.9 (3.6, on the H200,
     asks 512 more: 232960 for 64 heads with RoPE). The model must cover both, tightly."""

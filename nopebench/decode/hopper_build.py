@@ -122,11 +122,7 @@ def compile_ws_shape(heads: int, tokens: int, role_split: bool | None = None) ->
     from nopebench.decode import hopper_ws_decode as ws
 
     plan = plan_hopper_ws(tokens, heads, 2176, role_split=role_split)
-    constants = dict(BLOCK_H=plan.block_h, BLOCK_N=plan.block_n, ROW_BYTES=528, HEAD_BLOCKS=plan.head_blocks,
-                     BLOCKS=plan.entries_per_split // plan.block_n, RING_SLOTS=plan.num_stages,
-                     ROLE_SPLIT=plan.role_split, C_WARPS=ws.CONSUMER_WARPS, P_WARPS=ws.PRODUCER_WARPS,
-                     P_REGS=ws.PRODUCER_REGS, S_REGS=ws.SCORER_REGS)
-    options = {"num_warps": ws.CONSUMER_WARPS, "maxnreg": ws.launch_regs(plan.role_split)}
+    constants, options = ws.launch_constants(plan, 528)
     compiled, seconds, registers, stack = _compile(ws.hopper_ws_decode_kernel, constants, options)
     return KernelBuild(plan.block_h, plan.block_n, plan.num_stages, False, seconds,
                        "wgmma.mma_async" in compiled.asm["ptx"], int(compiled.metadata.shared),

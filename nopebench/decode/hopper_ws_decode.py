@@ -64,6 +64,16 @@ def launch_regs(role_split: bool) -> int:
     return 65536 // (32 * warps) // 8 * 8
 
 
+def launch_constants(plan, row_bytes: int) -> tuple[dict, dict]:
+    """The kernel's constexprs and launch options for a `native.plan_hopper_ws` plan: one source
+    for the launcher and the compile-only build, so the build checks what runs."""
+    constants = dict(BLOCK_H=plan.block_h, BLOCK_N=plan.block_n, ROW_BYTES=row_bytes, HEAD_BLOCKS=plan.head_blocks,
+                     BLOCKS=plan.entries_per_split // plan.block_n, RING_SLOTS=plan.num_stages,
+                     ROLE_SPLIT=plan.role_split, C_WARPS=CONSUMER_WARPS, P_WARPS=PRODUCER_WARPS,
+                     P_REGS=PRODUCER_REGS, S_REGS=SCORER_REGS)
+    return constants, {"num_warps": CONSUMER_WARPS, "maxnreg": launch_regs(plan.role_split)}
+
+
 @gluon.jit
 def _stream(tokens, width, entries_per_split, HEAD_BLOCKS: gl.constexpr):
     """This program's place in the persistent grid: its id, the program count, the split count

@@ -281,12 +281,8 @@ def native_decode(q: torch.Tensor, cache: torch.Tensor, indices: torch.Tensor, s
 
         if rope_dim:
             raise ValueError("the warp-specialised kernel reads NoPE rows only")
-        ws.hopper_ws_decode_kernel[grid](
-            *args, tokens, BLOCK_H=plan.block_h, BLOCK_N=plan.block_n, ROW_BYTES=cache.shape[-1],
-            HEAD_BLOCKS=plan.head_blocks, BLOCKS=plan.entries_per_split // plan.block_n,
-            RING_SLOTS=plan.num_stages, ROLE_SPLIT=plan.role_split, C_WARPS=ws.CONSUMER_WARPS,
-            P_WARPS=ws.PRODUCER_WARPS, P_REGS=ws.PRODUCER_REGS, S_REGS=ws.SCORER_REGS,
-            num_warps=ws.CONSUMER_WARPS, maxnreg=ws.launch_regs(plan.role_split))
+        constants, options = ws.launch_constants(plan, cache.shape[-1])
+        ws.hopper_ws_decode_kernel[grid](*args, tokens, **constants, **options)
     else:
         k.sparse_decode_kernel[grid](
             *args, BLOCK_H=plan.block_h, BLOCK_N=plan.block_n, ROW_BYTES=cache.shape[-1], ROPE=bool(rope_dim),
