@@ -95,12 +95,13 @@ def test_warp_specialised_shared_memory_model_covers_the_compiled_kernels():
 @pytest.mark.parametrize("tokens, heads", [(1, 16), (8, 16), (8, 32), (100, 16), (512, 16), (512, 32), (512, 64)])
 def test_warp_specialised_grid_walks_every_work_item_once(tokens, heads):
     """The kernel's 1-D grid: with the role split one persistent program per SM, each taking
-    items pid, pid + programs, ...; with one consumer one program per item."""
+    items pid, pid + programs, ...; with one consumer one program per item. The walk uses the
+    kernel's own trip count, cdiv(items - pid, programs)."""
     plan = plan_hopper_ws(tokens, heads, 2176, sms=132)
     (programs,) = plan.grid(tokens)
     items = tokens * plan.head_blocks * plan.splits
     assert programs == (min(items, 132) if plan.role_split else items)
-    walked = sorted(item for pid in range(programs) for item in range(pid, items, programs))
+    walked = sorted(pid + it * programs for pid in range(programs) for it in range(-(-(items - pid) // programs)))
     assert walked == list(range(items))
     other = plan_hopper(tokens, heads, 2176, False, 132)  # the other kernels: (token, head block) x split
     assert other.grid(tokens) == (tokens * other.head_blocks, other.splits)

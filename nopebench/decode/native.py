@@ -167,10 +167,11 @@ def plan_hopper_ws(tokens: int, heads: int, width: int, sms: int = DEFAULT_SMS, 
                    splits: int | None = None, block_h: int | None = None,
                    role_split: bool | None = None) -> LaunchPlan:
     """Launch shape for the warp-specialised SM90 kernel (NoPE rows, at most 32 heads per
-    program): 64-row blocks, two dequantized tiles, one persistent program per SM. With 16 heads
-    per program the scorer and the accumulator are separate warpgroups (faster on the H200; at
-    32 heads one consumer was faster) with WS_SPLIT_SLOTS ring slots; one consumer takes as many
-    32-row slots as shared memory holds (the H200 sweeps: results/reference/decode-tuning/)."""
+    program): 64-row blocks, two dequantized tiles. With 16 heads per program the scorer and the
+    accumulator are separate warpgroups (faster on the H200; at 32 heads one consumer was
+    faster), with WS_SPLIT_SLOTS ring slots and one persistent program per SM; one consumer takes
+    as many 32-row slots as shared memory holds and one program per work item (the H200 sweeps:
+    results/reference/decode-tuning/)."""
     block_n = 64
     if block_h is None:
         few = tokens * -(-heads // 16) < sms
