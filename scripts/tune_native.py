@@ -72,8 +72,9 @@ def explore(heads: int, tokens: int) -> list[dict]:
             dict(block_n=32, num_warps=4, max_block_h=32, prefetch=False, num_stages=3)]
 
 
-def hopper_variants(heads: int, tokens: int, rope: bool) -> list[dict]:
-    """The SM90 Gluon kernel: its default plan, then the alternatives the planner chose between."""
+def hopper_variants(heads: int, tokens: int, rope: bool, few_scan: bool = False) -> list[dict]:
+    """The SM90 Gluon kernel: its default plan, then the alternatives the planner chose between
+    (with `few_scan`, also `planner_scan`'s)."""
     cands = [dict(kernel="hopper"), dict(kernel="hopper", block_n=64), dict(kernel="hopper", stages=3),
              dict(kernel="hopper", block_h=32), dict(kernel="hopper", block_h=64)]
     if tokens * heads < 132 * 16:
@@ -85,7 +86,7 @@ def hopper_variants(heads: int, tokens: int, rope: bool) -> list[dict]:
                   dict(kernel="hopper_ws", slots=3), dict(kernel="hopper_ws", slots=2, role_split=False),
                   dict(kernel="hopper_ws", block_h=16)]
     out, seen = [], set()
-    for v in cands:
+    for v in cands + (planner_scan(heads, tokens, rope) if few_scan else []):
         try:
             plan = build_plan(tokens, heads, v, rope)
         except ValueError:
@@ -93,6 +94,25 @@ def hopper_variants(heads: int, tokens: int, rope: bool) -> list[dict]:
         if plan not in seen and plan.block_h <= max(16, heads):
             seen.add(plan)
             out.append(v)
+    return out
+
+
+def planner_scan(heads: int, tokens: int, rope: bool) -> list[dict]:
+    """The single-role kernel at every head-block size, with the planner's split count, half of it
+    and twice it, and the warp-specialised one at 32 heads per program: where the (token, head block) programs alone do not fill the SMs, how many heads
+    a program should take and how far the top-k range should be cut."""
+    out = []
+    for bh in (16, 32, 64):
+        if bh > max(16, heads):
+            continue
+        try:
+            auto = build_plan(tokens, heads, dict(kernel="hopper", block_h=bh, block_n=64, stages=2), rope).splits
+        except ValueError:
+            continue
+        for splits in sorted({auto, max(1, auto // 2), min(34, 2 * auto)}):
+            out.append(dict(kernel="hopper", block_h=bh, block_n=64, stages=2, splits=splits))
+    if not rope and heads >= 32:
+        out.append(dict(kernel="hopper_ws", block_h=32, role_split=False))
     return out
 
 
@@ -119,6 +139,7 @@ def main() -> int:
     ap.add_argument("--explore", action="store_true", help="structural alternatives instead of the block/warp grid")
     ap.add_argument("--modes", default="nope,shim")
     ap.add_argument("--hopper", action="store_true", help="the SM90 Gluon kernel's variants instead")
+    ap.add_argument("--few-scan", action="store_true", help="with --hopper: every head-block size and split count too")
     args = ap.parse_args()
     out_dir = Path(os.environ.get("OUT", "tune-out"))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -139,7 +160,7 @@ def main() -> int:
             idxs = [make_indices(tokens, usable, gen) for _ in range(sets)]
             ref, ref_lse = sparse_decode_reference(qs[0], cache, idxs[0], 0.0625, rope)
             if args.hopper:
-                vs = hopper_variants(heads, tokens, bool(rope))
+                vs = hopper_variants(heads, tokens, bool(rope), args.few_scan)
             elif args.explore:
                 vs = explore(heads, tokens)
             else:
