@@ -61,6 +61,24 @@ def test_plan_splits_only_when_programs_are_few():
         assert plan(512, 128, 2176, 132).head_blocks == 4  # 32 heads per program at most
 
 
+def test_single_role_plan_takes_the_most_heads_that_still_fill_the_sms():
+    """H200, results/reference/decode-tuning/hopper/few-programs-scan.csv: with few query tokens
+    the most heads per program that shared memory holds while (token, head block) programs cut
+    into one-block splits still cover the 132 SMs, and no split from half the SMs on."""
+    def shape(tokens, heads, rope=False):
+        plan = plan_hopper(tokens, heads, 2176, rope, sms=132)
+        return plan.block_h, plan.splits
+
+    assert shape(8, 64) == (64, 17)  # 0.036 ms; 16 heads per program (the old plan) 0.049
+    assert shape(8, 128) == (64, 9)  # 0.045; 16 heads 0.079
+    assert shape(8, 64, rope=True) == (32, 9)  # 64 heads with RoPE lanes do not fit
+    assert shape(1, 128) == (32, 17)  # 4 programs x 34 one-block splits cover the SMs; 64 would not
+    assert shape(1, 64)[0] == 16 and shape(1, 16)[0] == 16  # nothing larger can fill the SMs
+    assert shape(64, 64) == (64, 3)  # 64 programs: split
+    assert shape(128, 64) == (64, 1) and shape(64, 128) == (64, 1)  # 128 programs: 0.157 against 0.172 split in 2
+    assert shape(64, 64, rope=True) == (32, 1)  # 0.134 against 0.143
+
+
 def test_warp_specialised_kernel_is_chosen_where_it_was_measured_faster():
     """NoPE with at most 16 heads, or at most 32 heads and 64 tokens or more (H200,
     results/reference/decode-tuning/hopper-ws/tune-ws-split.csv, as planned: 16 heads 0.293 vs
