@@ -44,6 +44,15 @@ SCALES = gl.constexpr(gl.BlockedLayout([1, 4], [4, 8], [NUM_WARPS, 1], [1, 0]))
 
 
 @gluon.jit
+def _per_tile(dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
+    """Four shared buffers of `shape`, one per 128-wide tile of a row. Triton's barrier analysis
+    works per allocation, so separate buffers let the four tiles' copies and stores proceed
+    without barriers between them."""
+    return (gl.allocate_shared_memory(dtype, shape, layout), gl.allocate_shared_memory(dtype, shape, layout),
+            gl.allocate_shared_memory(dtype, shape, layout), gl.allocate_shared_memory(dtype, shape, layout))
+
+
+@gluon.jit
 def _copy_rows(cache_ptr, idx, raw_k, raw_s, slot, ROW_BYTES: gl.constexpr, gather: gl.constexpr,
                scales_l: gl.constexpr):
     """cp.async the rows `idx` names into ring slot `slot`: four 128-byte fp8 tiles, and the
@@ -218,12 +227,7 @@ def hopper_decode_kernel(
     p_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_H], gl.bfloat16)
     WAIT_PENDING: gl.constexpr = NUM_STAGES - 2 if NUM_STAGES > 1 else 0
 
-    # One allocation per 128-wide tile: Triton's barrier analysis works per allocation, so
-    # separate buffers let the four tiles' copies and stores proceed without barriers between.
-    raw_k = (gl.allocate_shared_memory(gl.uint8, [NUM_STAGES, BLOCK_N, TILE], plain),
-             gl.allocate_shared_memory(gl.uint8, [NUM_STAGES, BLOCK_N, TILE], plain),
-             gl.allocate_shared_memory(gl.uint8, [NUM_STAGES, BLOCK_N, TILE], plain),
-             gl.allocate_shared_memory(gl.uint8, [NUM_STAGES, BLOCK_N, TILE], plain))
+    raw_k = _per_tile(gl.uint8, [NUM_STAGES, BLOCK_N, TILE], plain)
     raw_s = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, BLOCK_N, 4], plain)
     idx_ring = gl.allocate_shared_memory(gl.int32, [NUM_STAGES, BLOCK_N], plain1)
     q_smem = gl.allocate_shared_memory(gl.bfloat16, [4, BLOCK_H, TILE], q_shared)
@@ -233,10 +237,7 @@ def hopper_decode_kernel(
     else:
         raw_r = q_smem  # placeholders, never touched without ROPE
         qr_smem = q_smem
-    kv_smem = (gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, TILE], kv_shared),
-               gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, TILE], kv_shared),
-               gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, TILE], kv_shared),
-               gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, TILE], kv_shared))
+    kv_smem = _per_tile(gl.bfloat16, [BLOCK_N, TILE], kv_shared)
     p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, BLOCK_H], p_shared)
 
     tok, hb, split, idx_row, start, end = _program(idx_ptr, width, entries_per_split, stride_it, HEAD_BLOCKS)

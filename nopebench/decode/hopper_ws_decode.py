@@ -46,6 +46,7 @@ from nopebench.decode.hopper_decode import (
     _issue_output,
     _issue_scores,
     _load_idx,
+    _per_tile,
     _softmax_step,
     _stage_q,
     _write_out,
@@ -93,11 +94,11 @@ def _item(item, idx_ptr, width, entries_per_split, stride_it, splits, HEAD_BLOCK
 
 
 @gluon.jit
-def _sub_block(k, idx_ptr, width, entries_per_split, stride_it, tokens,
+def _sub_block(k, stream, idx_ptr, width, entries_per_split, stride_it,
                SUB: gl.constexpr, SUBS_PER_ITEM: gl.constexpr, HEAD_BLOCKS: gl.constexpr):
-    """The k-th SUB-row sub-block of this program's stream: its index row, first entry and the
-    end of its item's range (0 past the last item, so nothing is gathered)."""
-    pid, nprog, splits, items = _stream(tokens, width, entries_per_split, HEAD_BLOCKS)
+    """The k-th SUB-row sub-block of this program's `stream` (`_stream`'s tuple): its index row,
+    first entry and the end of its item's range (0 past the last item, so nothing is gathered)."""
+    pid, nprog, splits, items = stream
     item = pid + (k // SUBS_PER_ITEM) * nprog
     _, _, _, idx_row, start, end = _item(gl.minimum(item, items - 1), idx_ptr, width, entries_per_split, stride_it,
                                          splits, HEAD_BLOCKS)
@@ -136,10 +137,11 @@ def _producer(cache_ptr, idx_ptr, width, entries_per_split, stride_it, tokens, r
     deq_scales: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [P_WARPS, 1], [1, 0])  # its rows, 4 scales each
     rows_g: gl.constexpr = gl.SliceLayout(1, gather)
     tile_of = gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, deq_scales)), 0)
-    pid, nprog, splits, items = _stream(tokens, width, entries_per_split, HEAD_BLOCKS)
+    stream = _stream(tokens, width, entries_per_split, HEAD_BLOCKS)
+    pid, nprog, splits, items = stream
     for j in gl.static_range(RING_SLOTS):
-        row, n0, end = _sub_block(j, idx_ptr, width, entries_per_split, stride_it, tokens, SUB, PER_ITEM, HEAD_BLOCKS)
-        nrow, nn0, nend = _sub_block(j + RING_SLOTS, idx_ptr, width, entries_per_split, stride_it, tokens, SUB,
+        row, n0, end = _sub_block(j, stream, idx_ptr, width, entries_per_split, stride_it, SUB, PER_ITEM, HEAD_BLOCKS)
+        nrow, nn0, nend = _sub_block(j + RING_SLOTS, stream, idx_ptr, width, entries_per_split, stride_it, SUB,
                                      PER_ITEM, HEAD_BLOCKS)
         _gather_block(cache_ptr, _load_idx(row, n0, end, SUB, rows_g), raw_k, raw_s, j, nrow, nn0, nend, idx_ring,
                       ROW_BYTES, gather, scales_l, idx_l)
@@ -160,11 +162,11 @@ def _producer(cache_ptr, idx_ptr, width, entries_per_split, stride_it, tokens, r
                 kv_bufs[t].index(b).slice(j * SUB, SUB).store(kv.to(gl.bfloat16))
             # Dequantized: refill the slot with sub-block k + RING_SLOTS (cp.async zero-fills
             # entries past `end`, so the range mask is applied again here).
-            _, n1, end1 = _sub_block(k + RING_SLOTS, idx_ptr, width, entries_per_split, stride_it, tokens, SUB,
+            _, n1, end1 = _sub_block(k + RING_SLOTS, stream, idx_ptr, width, entries_per_split, stride_it, SUB,
                                      PER_ITEM, HEAD_BLOCKS)
             offs = n1 + gl.arange(0, SUB, layout=rows_g)
             idx = gl.where(offs < end1, idx_ring.index(slot).load(rows_g), -1)
-            nrow, nn0, nend = _sub_block(k + 2 * RING_SLOTS, idx_ptr, width, entries_per_split, stride_it, tokens,
+            nrow, nn0, nend = _sub_block(k + 2 * RING_SLOTS, stream, idx_ptr, width, entries_per_split, stride_it,
                                          SUB, PER_ITEM, HEAD_BLOCKS)
             _gather_block(cache_ptr, idx, raw_k, raw_s, slot, nrow, nn0, nend, idx_ring, ROW_BYTES, gather,
                           scales_l, idx_l)
@@ -192,24 +194,24 @@ def _consumer(q_ptr, out_ptr, lse_ptr, idx_ptr, q_smem, kv_bufs, p_smem, full_ba
               heads, width, entries_per_split, qk_scale_log2, tokens,
               stride_qt, stride_qh, stride_it, stride_ot, stride_oh, stride_os, stride_lt, stride_ls,
               BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr, BLOCKS: gl.constexpr, HEAD_BLOCKS: gl.constexpr,
-              s_layout: gl.constexpr, o_layout: gl.constexpr, q_layout: gl.constexpr):
+              acc_layout: gl.constexpr, q_layout: gl.constexpr):
     """One warpgroup, one item (this consumer's grid is one program per item: looping over
     items, the addresses it hoists out of the loop spill at 32 heads): stage q, then per block
     scores, online softmax and output product in turn (the tile goes back after each)."""
-    rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    rows_s: gl.constexpr = gl.SliceLayout(1, acc_layout)
     pid, nprog, splits, items = _stream(tokens, width, entries_per_split, HEAD_BLOCKS)
     tok, hb, split, idx_row, start, end = _item(pid, idx_ptr, width, entries_per_split, stride_it, splits, HEAD_BLOCKS)
     _stage_q(q_ptr, q_smem, tok, hb, heads, stride_qt, stride_qh, BLOCK_H, q_layout)
     fence_async_shared()
-    o0, o1, o2, o3, m_i, l_i = _empty_state(BLOCK_H, s_layout, o_layout)
+    o0, o1, o2, o3, m_i, l_i = _empty_state(BLOCK_H, acc_layout, acc_layout)
     for i in range(BLOCKS):
         valid = _load_idx(idx_row, start + i * BLOCK_N, end, BLOCK_N, rows_s) >= 0
-        s = _scores(q_smem, kv_bufs, full_bars, i, BLOCK_N, BLOCK_H, s_layout)
+        s = _scores(q_smem, kv_bufs, full_bars, i, BLOCK_N, BLOCK_H, acc_layout)
         o0, o1, o2, o3, m_i, l_i = _attend(s, valid, _tile(kv_bufs, i % NUM_BUF), p_smem.index(0),
-                                           o0, o1, o2, o3, m_i, l_i, qk_scale_log2, o_layout)
+                                           o0, o1, o2, o3, m_i, l_i, qk_scale_log2, acc_layout)
         mbarrier.arrive(empty_bars.index(i % NUM_BUF), count=1)
     _write_out(o0, o1, o2, o3, m_i, l_i, out_ptr, lse_ptr, tok, hb, split, heads,
-               stride_ot, stride_oh, stride_os, stride_lt, stride_ls, BLOCK_H, s_layout, o_layout)
+               stride_ot, stride_oh, stride_os, stride_lt, stride_ls, BLOCK_H, acc_layout, acc_layout)
 
 
 @gluon.jit
@@ -288,10 +290,10 @@ def hopper_ws_decode_kernel(
     # warps and the producer's and scorer's register budgets (setmaxnreg); RING_SLOTS: ring
     # slots of 4 * P_WARPS rows.
     SUB: gl.constexpr = 4 * P_WARPS
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[C_WARPS, 1],
-                                                       instr_shape=[16, BLOCK_H, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[C_WARPS, 1],
-                                                       instr_shape=[16, BLOCK_H, 16])
+    # The wgmma accumulator layout of both products: S^T (BLOCK_N x BLOCK_H) and each 128-row
+    # tile of O^T have BLOCK_H columns, so one layout serves scores, P and the output.
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[C_WARPS, 1],
+                                                         instr_shape=[16, BLOCK_H, 16])
     q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [C_WARPS, 1], [1, 0])
     plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     vec: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
@@ -299,17 +301,10 @@ def hopper_ws_decode_kernel(
     q_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, TILE], gl.bfloat16)
     p_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_H], gl.bfloat16)
 
-    # One allocation per 128-wide tile, as in hopper_decode (barrier analysis is per allocation).
-    raw_k = (gl.allocate_shared_memory(gl.uint8, [RING_SLOTS, SUB, TILE], plain),
-             gl.allocate_shared_memory(gl.uint8, [RING_SLOTS, SUB, TILE], plain),
-             gl.allocate_shared_memory(gl.uint8, [RING_SLOTS, SUB, TILE], plain),
-             gl.allocate_shared_memory(gl.uint8, [RING_SLOTS, SUB, TILE], plain))
+    raw_k = _per_tile(gl.uint8, [RING_SLOTS, SUB, TILE], plain)
     raw_s = gl.allocate_shared_memory(gl.float32, [RING_SLOTS, SUB, 4], plain)
     idx_ring = gl.allocate_shared_memory(gl.int32, [RING_SLOTS, SUB], vec)
-    kv_bufs = (gl.allocate_shared_memory(gl.bfloat16, [NUM_BUF, BLOCK_N, TILE], kv_shared),
-               gl.allocate_shared_memory(gl.bfloat16, [NUM_BUF, BLOCK_N, TILE], kv_shared),
-               gl.allocate_shared_memory(gl.bfloat16, [NUM_BUF, BLOCK_N, TILE], kv_shared),
-               gl.allocate_shared_memory(gl.bfloat16, [NUM_BUF, BLOCK_N, TILE], kv_shared))
+    kv_bufs = _per_tile(gl.bfloat16, [NUM_BUF, BLOCK_N, TILE], kv_shared)
     q_smem = gl.allocate_shared_memory(gl.bfloat16, [4, BLOCK_H, TILE], q_shared)
     p_smem = gl.allocate_shared_memory(gl.bfloat16, [NUM_BUF, BLOCK_N, BLOCK_H], p_shared)
     full_bars = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
@@ -334,10 +329,10 @@ def hopper_ws_decode_kernel(
         gl.warp_specialize(
             [(_accumulator, (out_ptr, lse_ptr, idx_ptr, kv_bufs, p_smem, a_smem, ml_smem, empty_bars, p_full, p_empty,
                              fin_bars, heads, width, entries_per_split, tokens, stride_it, stride_ot, stride_oh,
-                             stride_os, stride_lt, stride_ls, BLOCK_H, BLOCKS, HEAD_BLOCKS, o_layout)),
+                             stride_os, stride_lt, stride_ls, BLOCK_H, BLOCKS, HEAD_BLOCKS, acc_layout)),
              (_scorer, (q_ptr, idx_ptr, q_smem, kv_bufs, p_smem, a_smem, ml_smem, full_bars, p_full, p_empty, fin_bars,
                         heads, width, entries_per_split, qk_scale_log2, tokens, stride_qt, stride_qh, stride_it,
-                        BLOCK_N, BLOCK_H, BLOCKS, HEAD_BLOCKS, s_layout, q_layout)),
+                        BLOCK_N, BLOCK_H, BLOCKS, HEAD_BLOCKS, acc_layout, q_layout)),
              (_producer, (cache_ptr, idx_ptr, width, entries_per_split, stride_it, tokens, raw_k, raw_s, idx_ring,
                           kv_bufs, full_bars, empty_bars, BLOCK_N, BLOCKS, ROW_BYTES, RING_SLOTS, P_WARPS,
                           HEAD_BLOCKS))],
@@ -347,7 +342,7 @@ def hopper_ws_decode_kernel(
             [(_consumer, (q_ptr, out_ptr, lse_ptr, idx_ptr, q_smem, kv_bufs, p_smem, full_bars, empty_bars,
                           heads, width, entries_per_split, qk_scale_log2, tokens,
                           stride_qt, stride_qh, stride_it, stride_ot, stride_oh, stride_os, stride_lt, stride_ls,
-                          BLOCK_N, BLOCK_H, BLOCKS, HEAD_BLOCKS, s_layout, o_layout, q_layout)),
+                          BLOCK_N, BLOCK_H, BLOCKS, HEAD_BLOCKS, acc_layout, q_layout)),
              (_producer, (cache_ptr, idx_ptr, width, entries_per_split, stride_it, tokens, raw_k, raw_s, idx_ring,
                           kv_bufs, full_bars, empty_bars, BLOCK_N, BLOCKS, ROW_BYTES, RING_SLOTS, P_WARPS,
                           HEAD_BLOCKS))],
