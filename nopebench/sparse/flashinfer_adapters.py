@@ -307,7 +307,8 @@ def fa3_fp8_prepare(problem: DecodeProblem) -> DecodeRun:
     return _fa3_prepare(problem, fp8=True)
 
 
-# FlashInfer's fa3 MLA, measured on the H200 (results/reference/h200-run/, hopper-decode/):
+# FlashInfer's fa3 MLA, measured on the H200 (results/reference/h200-run/: gpu_tests_d633e62_fa3_outlier.log,
+# sparse_gpu_tests_before_tolerance_class.log):
 # cosine difference 4.4e-6 to 5.3e-6 from the reference, about 1 element in 30,000 beyond 2 bf16
 # ulps, and on the 16-token adapter test 1 element in 131,072 (0.0008%) beyond 4, on FlashMLA's
 # test distribution, where the native kernel stays under 2e-6 with none. Its semantic checks use
