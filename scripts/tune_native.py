@@ -99,8 +99,9 @@ def hopper_variants(heads: int, tokens: int, rope: bool, few_scan: bool = False)
 
 def planner_scan(heads: int, tokens: int, rope: bool) -> list[dict]:
     """The single-role kernel at every head-block size, with the planner's split count, half of it
-    and twice it, and the warp-specialised one at 32 heads per program: where the (token, head block) programs alone do not fill the SMs, how many heads
-    a program should take and how far the top-k range should be cut."""
+    and twice it, and the warp-specialised one at 32 heads per program: where the (token, head
+    block) programs alone do not fill the SMs, how many heads a program should take and how far
+    the top-k range should be cut."""
     out = []
     for bh in (16, 32, 64):
         if bh > max(16, heads):

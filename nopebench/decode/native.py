@@ -129,7 +129,7 @@ def plan_hopper(tokens: int, heads: int, width: int, rope: bool, sms: int = DEFA
 
     One program per SM, so as many heads per program as shared memory allows (every head block
     re-gathers the rows), as long as the (token, head block) programs, cut into splits of one
-    block at least, can still fill the SMs: 64 heads at 8 tokens (0.032 ms against 0.049 with
+    block at least, can still fill the SMs: 64 heads at 8 tokens (0.036 ms against 0.049 with
     16), 32 of 128 heads at 1 token (0.015 against 0.021). The top-k range is split only while
     those programs fill fewer than half the SMs (`_split_one_per_sm`). At 16 heads with many
     programs, 128-row blocks whose scores split by key across the two warpgroups (no operand
