@@ -192,8 +192,12 @@ def section_bench_decode(run: Path, assets: Path) -> str:
             ["impl", "heads", "tokens", "width", "NoPE ms", "shim ms", "speed-up"],
             [[r.impl, r.heads, r.query_tokens, r.width, r.nope_ms, r.shim_ms, f"{r.nope_speedup:.3f}x"] for r in speed.itertuples()])
     text += "\n### Issue 5 acceptance\n\n" + md_table(
-        ["criterion", "measured", "target", "result"],
-        [[c.name, c.measured, c.target, "not measured" if c.passed is None else c.passed] for c in crit])
+        ["criterion", "measured", "spread", "target", "result"],
+        [[c.name, c.measured, acceptance.spread_band(c), c.target,
+          "not measured" if c.passed is None else md_cell(c.passed) + (" (within spread)" if c.within_spread else "")]
+         for c in crit])
+    text += ("\n\nSpread: the sum of the two cells' (p90 - p10) / median. *Within spread*: the ratio is "
+             "nearer its target than that, so another run could give the other verdict.\n")
     skipped = df[df.skipped.notna()].drop_duplicates("impl") if "skipped" in df else df.iloc[0:0]
     text += "".join(f"\n- `{r.impl}` not run: {r.skipped}" for r in skipped.itertuples())
     text += "\n" + "".join(f"\n![{p.stem}]({p.name})\n" for p in plots)

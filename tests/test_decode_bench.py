@@ -170,6 +170,22 @@ def test_criteria_pass_and_fail_on_the_issue_thresholds():
     assert not shim["H=16: native NoPE vs native shim (shim / NoPE)"].passed
 
 
+def test_criteria_flag_a_verdict_inside_the_measured_spread_without_changing_it():
+    """Each cell's spread is 2%, so a ratio's band is 4%: 0.295 against 0.293 ms (0.993x) fails
+    the H=16 criterion but is flagged as within the spread; 0.31 (0.945x) is not."""
+    tie = {c.name: c for c in acceptance.criteria(_rows(native16=0.295, bf16_16=0.293))}
+    h16 = tie["H=16: native NoPE at least as fast as fa3 bf16 NoPE (fa3 / native)"]
+    assert h16.passed is False and h16.within_spread and h16.spread == pytest.approx(0.04)
+    assert h16.as_row()["within_spread"] is True and acceptance.spread_band(h16) == "±4.0%"
+    clear = {c.name: c for c in acceptance.criteria(_rows(native16=0.31, bf16_16=0.293))}
+    assert not clear["H=16: native NoPE at least as fast as fa3 bf16 NoPE (fa3 / native)"].within_spread
+    just_over = {c.name: c for c in acceptance.criteria(_rows(native16=0.291, bf16_16=0.293))}
+    assert just_over["H=16: native NoPE at least as fast as fa3 bf16 NoPE (fa3 / native)"].passed
+    assert just_over["H=16: native NoPE at least as fast as fa3 bf16 NoPE (fa3 / native)"].within_spread
+    failures = tie["every case that ran passed its correctness check (failures)"]
+    assert failures.spread is None and not failures.within_spread and acceptance.spread_band(failures) == "-"
+
+
 def test_criteria_missing_implementation_is_not_measurable_and_failures_count():
     rows = _rows()
     rows = rows[rows.impl != "flashinfer-fa3-fp8"].copy()

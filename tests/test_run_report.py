@@ -92,7 +92,7 @@ def test_report_renders_decode_tables_criteria_and_plots(tmp_path):
     assert "| case | native | flashinfer-fa3-bf16 |" in text
     assert "| h16-t512-w2176a2051-nope | 0.5000 (30%) | 0.3000 (30%) |" in text
     assert "1.200x" in text  # shim 0.6 / NoPE 0.5
-    assert "H=16: native NoPE at least as fast as fa3 bf16 NoPE (fa3 / native) | 0.6 | >= 1.00 | **FAIL**" in text
+    assert "H=16: native NoPE at least as fast as fa3 bf16 NoPE (fa3 / native) | 0.6 | ±2.0% | >= 1.00 | **FAIL** |" in text
     assert (tmp_path / "rep" / "decode_latency.png").is_file()
 
 

@@ -16,9 +16,25 @@ class Criterion:
     measured: float | None
     target: str
     passed: bool | None  # None: not measurable in this run (an implementation missing)
+    bound: float | None = None  # a ratio criterion's threshold
+    spread: float | None = None  # the ratio's noise band: the sum of its two cells' (p90 - p10) / median
+
+    @property
+    def within_spread(self) -> bool:
+        """The ratio lies nearer its bound than the noise measured in the same run, so another
+        run could give the other verdict. The verdict itself stays the strict comparison."""
+        if self.measured is None or self.bound is None or self.spread is None:
+            return False
+        return abs(self.measured / self.bound - 1) <= self.spread
 
     def as_row(self) -> dict:
-        return {"criterion": self.name, "measured": self.measured, "target": self.target, "passed": self.passed}
+        return {"criterion": self.name, "measured": self.measured, "target": self.target, "passed": self.passed,
+                "spread": self.spread, "within_spread": self.within_spread}
+
+
+def spread_band(c: Criterion) -> str:
+    """A ratio criterion's noise band for tables, as a percentage of the ratio."""
+    return "-" if c.spread is None else f"±{100 * c.spread:.1f}%"
 
 
 def timed(rows: pd.DataFrame) -> pd.DataFrame:
@@ -28,19 +44,23 @@ def timed(rows: pd.DataFrame) -> pd.DataFrame:
     return rows[rows["median_ms"].notna() & rows["error"].isna()]
 
 
-def _median(df: pd.DataFrame, impl: str, heads: int, tokens: int, mode: str,
-            width: int = TARGET_WIDTH, active: int = TARGET_ACTIVE) -> float | None:
+def _cell(df: pd.DataFrame, impl: str, heads: int, tokens: int, mode: str) -> tuple[float, float] | None:
+    """Median ms and spread of one timed cell at the target width, or None."""
     sel = df[(df.impl == impl) & (df.heads == heads) & (df.query_tokens == tokens) & (df["mode"] == mode)
-             & (df.width == width) & (df.active == active)]
-    return float(sel.median_ms.iloc[0]) if len(sel) else None
+             & (df.width == TARGET_WIDTH) & (df.active == TARGET_ACTIVE)]
+    if not len(sel):
+        return None
+    spread = sel.spread.iloc[0] if "spread" in sel else float("nan")
+    return float(sel.median_ms.iloc[0]), float(spread)
 
 
-def _ratio(num: float | None, den: float | None) -> float | None:
-    return None if num is None or den is None else num / den
-
-
-def _at_least(name: str, value: float | None, bound: float, target: str) -> Criterion:
-    return Criterion(name, value, target, None if value is None else value >= bound)
+def _ratio_at_least(name: str, slower: tuple[float, float] | None, faster: tuple[float, float] | None,
+                    bound: float, target: str) -> Criterion:
+    """slower / faster >= bound, with the two cells' spreads added as the ratio's noise band."""
+    if slower is None or faster is None:
+        return Criterion(name, None, target, None, bound)
+    ratio, spread = slower[0] / faster[0], slower[1] + faster[1]
+    return Criterion(name, ratio, target, ratio >= bound, bound, None if pd.isna(spread) else spread)
 
 
 def criteria(rows: pd.DataFrame) -> list[Criterion]:
@@ -50,19 +70,22 @@ def criteria(rows: pd.DataFrame) -> list[Criterion]:
     t = TARGET_TOKENS
     out = []
     for heads, fp8_x, bf16_bound, shim_x in ((16, 5.0, 1.0, 1.15), (64, 4.0, 1 / 1.25, 1.05)):
-        native = _median(df, "native", heads, t, "nope")
-        bf16 = _median(df, "flashinfer-fa3-bf16", heads, t, "nope")
-        fp8 = _median(df, "flashinfer-fa3-fp8", heads, t, "nope")
-        shim = _median(df, "native", heads, t, "shim")
+        native = _cell(df, "native", heads, t, "nope")
+        bf16 = _cell(df, "flashinfer-fa3-bf16", heads, t, "nope")
+        fp8 = _cell(df, "flashinfer-fa3-fp8", heads, t, "nope")
+        shim = _cell(df, "native", heads, t, "shim")
         relation = "at least as fast as" if bf16_bound == 1.0 else "within 1.25x of"
-        out.append(_at_least(f"H={heads}: native NoPE {relation} fa3 bf16 NoPE (fa3 / native)",
-                             _ratio(bf16, native), bf16_bound, f">= {bf16_bound:.2f}"))
-        out.append(_at_least(f"H={heads}: native NoPE vs fa3 fp8 (fa3 fp8 / native)", _ratio(fp8, native), fp8_x, f">= {fp8_x:g}"))
-        out.append(_at_least(f"H={heads}: native NoPE vs native shim (shim / NoPE)", _ratio(shim, native), shim_x, f">= {shim_x:g}"))
+        out.append(_ratio_at_least(f"H={heads}: native NoPE {relation} fa3 bf16 NoPE (fa3 / native)",
+                                   bf16, native, bf16_bound, f">= {bf16_bound:.2f}"))
+        out.append(_ratio_at_least(f"H={heads}: native NoPE vs fa3 fp8 (fa3 fp8 / native)", fp8, native, fp8_x,
+                                   f">= {fp8_x:g}"))
+        out.append(_ratio_at_least(f"H={heads}: native NoPE vs native shim (shim / NoPE)", shim, native, shim_x,
+                                   f">= {shim_x:g}"))
     for heads in (16, 64):
-        native = _median(df, "native", heads, 1, "nope")
-        bf16 = _median(df, "flashinfer-fa3-bf16", heads, 1, "nope")
-        out.append(_at_least(f"H={heads}, 1 token: native no slower than fa3 bf16 (fa3 / native)", _ratio(bf16, native), 1.0, ">= 1.00"))
+        native = _cell(df, "native", heads, 1, "nope")
+        bf16 = _cell(df, "flashinfer-fa3-bf16", heads, 1, "nope")
+        out.append(_ratio_at_least(f"H={heads}, 1 token: native no slower than fa3 bf16 (fa3 / native)", bf16, native,
+                                   1.0, ">= 1.00"))
     ran = rows[rows.skipped.isna()] if "skipped" in rows else rows
     failed = int((~ran.passed.fillna(False).astype(bool)).sum()) if "passed" in ran else len(ran)
     out.append(Criterion("every case that ran passed its correctness check (failures)", float(failed), "0", failed == 0))

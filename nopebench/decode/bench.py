@@ -115,8 +115,11 @@ def print_tables(df: pd.DataFrame, crit: list[acceptance.Criterion], speedups: p
                                     ["impl", "heads", "tokens", "width", "NoPE ms", "shim ms", "speed-up"],
                                     [[r.impl, r.heads, r.query_tokens, r.width, _ms(r.nope_ms), _ms(r.shim_ms),
                                       f"{r.nope_speedup:.3f}x"] for r in sp.itertuples()]))
-    out.console.print(out.table("issue 5 acceptance (512 tokens, width 2176, 2051 active)", ["criterion", "measured", "target", "result"],
-                                [[c.name, c.measured, c.target, out.verdict(c.passed)] for c in crit]))
+    out.console.print(out.table("issue 5 acceptance (512 tokens, width 2176, 2051 active)",
+                                ["criterion", "measured", "spread", "target", "result"],
+                                [[c.name, c.measured, acceptance.spread_band(c), c.target,
+                                  out.verdict(c.passed) + (" [yellow](within spread)[/]" if c.within_spread else "")]
+                                 for c in crit]))
     if "regression" in df and df.regression.any():
         reg = df[df.regression]
         out.console.print(out.table("regressions vs baseline", ["case", "impl", "ms", "baseline ms", "ratio"],
