@@ -54,12 +54,13 @@ def _cell(df: pd.DataFrame, impl: str, heads: int, tokens: int, mode: str) -> tu
     return float(sel.median_ms.iloc[0]), float(spread)
 
 
-def _ratio_at_least(name: str, slower: tuple[float, float] | None, faster: tuple[float, float] | None,
+def _ratio_at_least(name: str, num: tuple[float, float] | None, den: tuple[float, float] | None,
                     bound: float, target: str) -> Criterion:
-    """slower / faster >= bound, with the two cells' spreads added as the ratio's noise band."""
-    if slower is None or faster is None:
+    """Time of cell `num` / time of cell `den` >= bound, with the two cells' spreads added as
+    the ratio's noise band."""
+    if num is None or den is None:
         return Criterion(name, None, target, None, bound)
-    ratio, spread = slower[0] / faster[0], slower[1] + faster[1]
+    ratio, spread = num[0] / den[0], num[1] + den[1]
     return Criterion(name, ratio, target, ratio >= bound, bound, None if pd.isna(spread) else spread)
 
 
