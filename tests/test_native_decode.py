@@ -17,11 +17,15 @@ from nopebench.compare import close
 from nopebench.decode import hopper_build
 from nopebench.decode.native import (
     HOPPER_SMEM,
+    WIDE_BLOCK_H,
     hopper_smem_bytes,
     plan_hopper,
+    plan_hopper_wide,
     plan_hopper_ws,
     plan_launch,
+    use_hopper_wide,
     use_hopper_ws,
+    wide_smem_bytes,
     ws_smem_bytes,
 )
 from nopebench.sparse.reference import sparse_decode_reference
@@ -32,10 +36,13 @@ SCALE = 0.0625
 @pytest.mark.parametrize("heads", [1, 16, 20, 32, 64, 100, 128])
 @pytest.mark.parametrize("tokens", [1, 8, 64, 512])
 @pytest.mark.parametrize("width", [64, 2048, 2176, 2200])
-@pytest.mark.parametrize("planner", ["triton", "hopper-nope", "hopper-rope", "hopper-ws"])
+@pytest.mark.parametrize("planner", ["triton", "hopper-nope", "hopper-rope", "hopper-ws", "hopper-wide"])
 def test_plan_covers_every_entry_and_head_exactly_once(heads, tokens, width, planner):
     if planner == "triton":
         plan = plan_launch(tokens, heads, width, sms=132)
+    elif planner == "hopper-wide":
+        plan = plan_hopper_wide(tokens, heads, width, sms=132)
+        assert wide_smem_bytes(plan.num_stages) <= HOPPER_SMEM and plan.block_h == WIDE_BLOCK_H
     elif planner == "hopper-ws":
         plan = plan_hopper_ws(tokens, heads, width, sms=132)
         assert ws_smem_bytes(plan.block_h, plan.num_stages, role_split=plan.role_split) <= HOPPER_SMEM
@@ -55,10 +62,11 @@ def test_plan_splits_only_when_programs_are_few():
         assert plan(512, 64, 2176, 132).splits == 1
         assert plan(1, 16, 2176, 132).splits > 16
         assert plan(512, 128, 2176, 132).head_blocks == 2
-    for plan in (plan_hopper_ws,):
+    for plan in (plan_hopper_ws, plan_hopper_wide):
         assert plan(512, 64, 2176, 132).splits == 1
         assert plan(1, 16, 2176, 132).splits > 16
-        assert plan(512, 128, 2176, 132).head_blocks == 4  # 32 heads per program at most
+    assert plan_hopper_ws(512, 128, 2176, 132).head_blocks == 4  # 32 heads per program at most
+    assert plan_hopper_wide(512, 128, 2176, 132).head_blocks == 2  # 64, always
 
 
 def test_single_role_plan_takes_the_most_heads_that_still_fill_the_sms():
@@ -90,6 +98,72 @@ def test_warp_specialised_kernel_is_chosen_where_it_was_measured_faster():
     assert not use_hopper_ws(512, 16, 64)  # RoPE rows
     assert not use_hopper_ws(512, 64, 0) and not use_hopper_ws(512, 128, 0)
     assert not use_hopper_ws(8, 32, 0) and not use_hopper_ws(1, 20, 0)
+
+
+def test_64_head_kernel_is_chosen_where_the_single_role_plan_takes_64_heads():
+    """hopper_wide replaces the single-role kernel for NoPE rows wherever that one's planner puts
+    64 heads in a program (the H200 measured it 1.15-1.35x faster there); with RoPE lanes, or
+    where fewer heads per program fill the SMs (1 query token), the single-role plan stays."""
+    for tokens, heads in ((512, 64), (512, 128), (64, 64), (8, 64), (8, 128), (128, 100)):
+        assert use_hopper_wide(plan_hopper(tokens, heads, 2176, False, 132), 0), (tokens, heads)
+    assert not use_hopper_wide(plan_hopper(1, 64, 2176, False, 132), 0)  # 16 heads per program fill the SMs
+    assert not use_hopper_wide(plan_hopper(1, 128, 2176, False, 132), 0)
+    assert not use_hopper_wide(plan_hopper(512, 64, 2176, True, 132), 64)  # RoPE rows
+    assert not use_hopper_wide(plan_hopper(512, 32, 2176, False, 132), 0)
+
+
+def test_64_head_shared_memory_model_covers_the_compiled_kernel():
+    """Shared bytes of the 64-head kernel compiled for sm_90 (Triton 3.6 and 3.9 agree: 231376
+    with three ring slots); the planner takes as many slots as the model fits under the limit."""
+    assert 0 <= wide_smem_bytes(3) - 231376 <= 1024
+    assert plan_hopper_wide(512, 64, 2176).num_stages == 3 and wide_smem_bytes(4) > HOPPER_SMEM
+    with pytest.raises(ValueError, match="shared memory"):
+        plan_hopper_wide(512, 64, 2176, slots=4)
+
+
+def test_64_head_launch_is_what_the_build_compiles(monkeypatch):
+    """Like the warp-specialised launch: a 1-D grid of (token, head block, split) items, the
+    token count after the shared arguments, and the constexprs the compile-only build checks."""
+    if (reason := hopper_build.gluon_missing()) is not None:
+        pytest.skip(reason)
+    from nopebench.decode import hopper_wide_decode as wide
+    from nopebench.decode import triton_decode
+    from nopebench.decode.native import native_decode
+
+    calls = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: calls.append((grid, args, kwargs))
+
+    monkeypatch.setattr(wide, "hopper_wide_decode_kernel", Recorder())
+    monkeypatch.setattr(triton_decode, "combine_kernel", Recorder())  # the splits' merge
+    q, cache, idx = decode_inputs(128, 8, 2176, 0, 528, "cpu", rows=4096)
+    plan = plan_hopper_wide(8, 128, 2176, sms=132)
+    native_decode(q, cache, idx, SCALE, 0, plan)
+    (grid, args, kwargs), (combine_grid, _, _) = calls
+    assert plan.splits > 1 and combine_grid == (8 * 128,)
+    constants, options = wide.launch_constants(plan, 528)
+    assert grid == (8 * 2 * plan.splits,) and args[-1] == 8 and kwargs == {**constants, **options}
+    assert kwargs["HEAD_BLOCKS"] == 2 and kwargs["BLOCKS"] * plan.block_n == plan.entries_per_split
+    with pytest.raises(ValueError, match="NoPE rows only"):
+        native_decode(*decode_inputs(64, 8, 2176, 64, 656, "cpu", rows=4096), SCALE, 64, plan_hopper_wide(8, 64, 2176))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the kernel itself runs in the GPU tests")
+@pytest.mark.parametrize("case", hopper_build.WIDE_PLAN_CASES)
+def test_64_head_kernel_compiles_for_sm90_within_its_budget(case):
+    """Compile-only, no GPU: the 64-head kernel as plan_hopper_wide launches it uses wgmma,
+    spills nothing under its register split, and fits the planner's shared memory."""
+    if (reason := hopper_build.gluon_missing()) is not None:
+        pytest.skip(reason)
+    from nopebench.decode import hopper_wide_decode as wide
+    from nopebench.decode.native import WIDE_RING_ROWS
+
+    assert WIDE_RING_ROWS == 4 * wide.PRODUCER_WARPS
+    build = hopper_build.compile_wide_shape(*case)
+    assert build.kernel == "hopper_wide" and build.has_wgmma
+    assert build.problems == [], build.problems
 
 
 def test_warp_specialised_shared_memory_model_covers_the_compiled_kernels():
@@ -258,9 +332,10 @@ GPU_GRID = [(h, t, w, rope, rb) for h in (16, 32, 64, 128) for t in (1, 8, 64) f
 
 
 def gpu_plan(kernel: str, tokens: int, heads: int, width: int, rope: int):
-    """The launch plan of one of the three kernels (hopper_ws: its planned form, at 16 heads per
-    program the role split; hopper_ws_one: one consumer); the Hopper ones are skipped off SM90,
-    the warp-specialised one also for RoPE rows (it reads NoPE rows only)."""
+    """The launch plan of one of the four kernels (hopper_ws: its planned form, at 16 heads per
+    program the role split; hopper_ws_one: one consumer; hopper_wide: 64 heads per program, fewer
+    heads masked); the Hopper ones are skipped off SM90, the warp-specialised ones also for RoPE
+    rows (they read NoPE rows only)."""
     from nopebench.decode.native import hopper_available, plan_hopper
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -268,15 +343,17 @@ def gpu_plan(kernel: str, tokens: int, heads: int, width: int, rope: int):
         return plan_launch(tokens, heads, width, sms)
     if not hopper_available(0):
         pytest.skip("the Hopper kernels need an SM90 GPU and Triton's Gluon")
+    if kernel.startswith("hopper_w") and rope:
+        pytest.skip("the warp-specialised kernels read NoPE rows only")
+    if kernel == "hopper_wide":
+        return plan_hopper_wide(tokens, heads, width, sms)
     if kernel.startswith("hopper_ws"):
-        if rope:
-            pytest.skip("the warp-specialised kernel reads NoPE rows only")
         return plan_hopper_ws(tokens, heads, width, sms, role_split=False if kernel == "hopper_ws_one" else None)
     return plan_hopper(tokens, heads, width, bool(rope), sms)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["triton", "hopper", "hopper_ws", "hopper_ws_one"])
+@pytest.mark.parametrize("kernel", ["triton", "hopper", "hopper_ws", "hopper_ws_one", "hopper_wide"])
 @pytest.mark.parametrize("heads, tokens, width, rope, row_bytes", GPU_GRID)
 def test_native_matches_reference_on_gpu(heads, tokens, width, rope, row_bytes, kernel):
     from nopebench.decode.native import native_decode
@@ -295,7 +372,7 @@ def test_native_matches_reference_on_gpu(heads, tokens, width, rope, row_bytes, 
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["triton", "hopper", "hopper_ws", "hopper_ws_one"])
+@pytest.mark.parametrize("kernel", ["triton", "hopper", "hopper_ws", "hopper_ws_one", "hopper_wide"])
 def test_native_replays_in_a_cuda_graph(kernel):
     from nopebench.decode.native import DecodeBuffers, native_decode
 

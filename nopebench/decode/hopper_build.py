@@ -1,7 +1,8 @@
 """Compile-only build of the SM90 decode kernels, no GPU needed.
 
-Triton compiles the Gluon sources (`hopper_decode.py`, `hopper_ws_decode.py`) for sm_90 in every
-shape `plan_hopper` and `plan_hopper_ws` launch, and ptxas's resource use is read back with the
+Triton compiles the Gluon sources (`hopper_decode.py`, `hopper_ws_decode.py`,
+`hopper_wide_decode.py`) for sm_90 in every shape `plan_hopper`, `plan_hopper_ws` and
+`plan_hopper_wide` launch, and ptxas's resource use is read back with the
 cuobjdump that ships with Triton. A shape passes when it uses wgmma, spills nothing, and needs no
 more shared memory than the planner assumed (the planner's model is what keeps launches inside
 the 227 KB an SM90 block may have).
@@ -20,8 +21,10 @@ from pathlib import Path
 from nopebench.decode.native import (
     HOPPER_SMEM,
     hopper_smem_bytes,
+    plan_hopper_wide,
     plan_hopper_ws,
     score_warps_m,
+    wide_smem_bytes,
     ws_smem_bytes,
 )
 
@@ -31,6 +34,10 @@ PLAN_SHAPES = ((16, 128, 1, False), (16, 64, 2, False), (16, 64, 2, True), (32, 
 # The warp-specialised kernel: (heads, query tokens, role split) of each shape plan_hopper_ws
 # emits (None: its default), and its one-consumer form at 16 heads, which tuning compares.
 WS_PLAN_CASES = ((16, 512, None), (32, 512, None), (16, 512, False))
+# The 64-head kernel: (heads, query tokens) of a plan without and one with splits. (With two
+# head blocks, 128 heads, Triton 3.9 spills one 8-byte wgmma descriptor in the scorer; 3.6,
+# which the H200 runs, spills nothing there either.)
+WIDE_PLAN_CASES = ((64, 512), (64, 8))
 # Triton 3.6 (on the H200) asks 512 bytes more shared memory than the 3.9 this compiles with.
 TRITON_36_EXTRA_SHARED = 512
 
@@ -53,7 +60,8 @@ class KernelBuild:
     @property
     def shape(self) -> str:
         name = ("warp-specialised (scorer + accumulator), " if self.role_split else
-                "warp-specialised, " if self.kernel == "hopper_ws" else "")
+                "warp-specialised, " if self.kernel == "hopper_ws" else
+                "64-head (split output), " if self.kernel == "hopper_wide" else "")
         return f"{name}{self.block_h} heads x {self.block_n} rows, {self.stages} slot(s){', RoPE' if self.rope else ''}"
 
     @property
@@ -64,7 +72,7 @@ class KernelBuild:
         if self.stack_bytes:
             found.append(f"{self.stack_bytes} B spilled")
         # The single-role kernel's model is exact for Triton 3.9 (this machine), so 3.6's extra is
-        # added; the warp-specialised model's margin covers both versions.
+        # added; the warp-specialised models' margins cover both versions.
         extra = TRITON_36_EXTRA_SHARED if self.kernel == "hopper" else 0
         if self.shared_bytes + extra > self.planned_bytes:
             found.append(f"{self.shared_bytes} B shared > planned {self.planned_bytes - extra}")
@@ -90,14 +98,17 @@ _POINTERS = {"q_ptr": "*bf16", "cache_ptr": "*u8", "idx_ptr": "*i32", "out_ptr":
 
 
 def _compile(kernel, constants: dict, options: dict) -> tuple[object, float, int | None, int | None]:
-    """Compile one Gluon kernel for sm_90 as the launcher calls it (16-byte aligned pointers)."""
+    """Compile one Gluon kernel for sm_90 as the launcher calls it in the planned shapes: 16-byte
+    aligned pointers and strides that are multiples of 16 elements, which Triton's launcher
+    specialises on (without that hint q's loads are not vectorised and Triton 3.9 spills)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     signature = {n: _POINTERS.get(n) or ("i32" if n in _SCALARS else "fp32" if n == "qk_scale_log2" else "constexpr")
                  for n in kernel.arg_names}
-    aligned = {(i,): [["tt.divisibility", 16]] for i in range(len(_POINTERS))}
+    aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
+               if name in _POINTERS or name.startswith("stride_")}
     start = time.perf_counter()
     compiled = triton.compile(GluonASTSource(kernel, signature, constants, aligned),
                               target=GPUTarget("cuda", 90, 32), options=options)
@@ -130,6 +141,18 @@ def compile_ws_shape(heads: int, tokens: int, role_split: bool | None = None) ->
                        registers, stack, kernel="hopper_ws", role_split=plan.role_split)
 
 
+def compile_wide_shape(heads: int, tokens: int) -> KernelBuild:
+    """The 64-head kernel as `plan_hopper_wide` launches it for `heads` x `tokens`."""
+    from nopebench.decode import hopper_wide_decode as wide
+
+    plan = plan_hopper_wide(tokens, heads, 2176)
+    constants, options = wide.launch_constants(plan, 528)
+    compiled, seconds, registers, stack = _compile(wide.hopper_wide_decode_kernel, constants, options)
+    return KernelBuild(plan.block_h, plan.block_n, plan.num_stages, False, seconds,
+                       "wgmma.mma_async" in compiled.asm["ptx"], int(compiled.metadata.shared),
+                       wide_smem_bytes(plan.num_stages), registers, stack, kernel="hopper_wide")
+
+
 def _resource_usage(triton_dir: Path, cubin: bytes) -> tuple[int | None, int | None]:
     cuobjdump = triton_dir / "backends" / "nvidia" / "bin" / "cuobjdump"
     if not cuobjdump.exists():
@@ -145,6 +168,7 @@ def _resource_usage(triton_dir: Path, cubin: bytes) -> tuple[int | None, int | N
 def build_hopper(on_done: Callable[[], None] | None = None) -> list[KernelBuild]:
     jobs = [lambda shape=shape: compile_shape(*shape) for shape in PLAN_SHAPES]
     jobs += [lambda case=case: compile_ws_shape(*case) for case in WS_PLAN_CASES]
+    jobs += [lambda case=case: compile_wide_shape(*case) for case in WIDE_PLAN_CASES]
     builds = []
     for job in jobs:
         builds.append(job())
@@ -153,4 +177,4 @@ def build_hopper(on_done: Callable[[], None] | None = None) -> list[KernelBuild]
     return builds
 
 
-BUILD_COUNT = len(PLAN_SHAPES) + len(WS_PLAN_CASES)
+BUILD_COUNT = len(PLAN_SHAPES) + len(WS_PLAN_CASES) + len(WIDE_PLAN_CASES)

@@ -145,9 +145,10 @@ def _producer(cache_ptr, idx_ptr, width, entries_per_split, stride_it, tokens, r
                                      PER_ITEM, HEAD_BLOCKS)
         _gather_block(cache_ptr, _load_idx(row, n0, end, SUB, rows_g), raw_k, raw_s, j, nrow, nn0, nend, idx_ring,
                       ROW_BYTES, gather, scales_l, idx_l)
+    bufs: gl.constexpr = kv_bufs[0].shape[0]  # dequantized tiles the consumers cycle through
     for g in range(gl.cdiv(items - pid, nprog) * BLOCKS):
-        b = g % NUM_BUF
-        mbarrier.wait(empty_bars.index(b), ((g // NUM_BUF) & 1) ^ 1)  # tile b is free (both start free)
+        b = g % bufs
+        mbarrier.wait(empty_bars.index(b), ((g // bufs) & 1) ^ 1)  # tile b is free (all start free)
         for j in gl.static_range(SUBS):
             k = g * SUBS + j
             slot = k % RING_SLOTS

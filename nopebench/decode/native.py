@@ -1,11 +1,12 @@
 """The `native` decode implementation: the harness's own kernels over the packed cache.
 
-Three kernels with one contract: on SM90 (Gluon, wgmma and cp.async) `hopper_ws_decode`
+Four kernels with one contract: on SM90 (Gluon, wgmma and cp.async) `hopper_ws_decode`
 (warp-specialised, NoPE, up to 32 heads per program; at 16 its consumer is split into scorer
-and accumulator on a persistent grid) and `hopper_decode` (every other shape);
+and accumulator on a persistent grid), `hopper_wide_decode` (warp-specialised, NoPE, 64 heads
+per program, the output split across two warpgroups) and `hopper_decode` (every other shape);
 elsewhere `triton_decode` (portable Triton, any SM80+ GPU and Triton's CPU interpreter).
-`plan_hopper_ws`, `plan_hopper` and `plan_launch` are their pure launch heuristics (tested on
-CPU); `choose_plan` picks by GPU and shape;
+`plan_hopper_ws`, `plan_hopper_wide`, `plan_hopper` and `plan_launch` are their pure launch
+heuristics (tested on CPU); `choose_plan` picks by GPU and shape;
 `native_decode` checks arguments, allocates the outputs and launches; `native_spec` is the
 registry entry.
 """
@@ -37,7 +38,7 @@ class LaunchPlan:
     num_stages: int = 1
     prefetch: bool = True
     factored: bool = False
-    kernel: str = "triton"  # "triton": portable SM80+; "hopper", "hopper_ws": the SM90 Gluon kernels
+    kernel: str = "triton"  # "triton": portable SM80+; "hopper", "hopper_ws", "hopper_wide": SM90 Gluon
     role_split: bool = False  # hopper_ws: separate scorer and accumulator warpgroups, persistent grid
     max_programs: int = 0  # hopper_ws: programs of its persistent grid (one per SM); 0: one per work item
 
@@ -46,9 +47,9 @@ class LaunchPlan:
         return self.head_blocks * self.splits
 
     def grid(self, tokens: int) -> tuple[int, ...]:
-        if self.kernel != "hopper_ws":
+        if self.kernel not in ("hopper_ws", "hopper_wide"):
             return (tokens * self.head_blocks, self.splits)
-        items = tokens * self.programs  # hopper_ws walks (token, head block, split) items on one axis
+        items = tokens * self.programs  # these walk (token, head block, split) items on one axis
         return (min(items, self.max_programs) if self.max_programs else items,)
 
 
@@ -199,6 +200,40 @@ def plan_hopper_ws(tokens: int, heads: int, width: int, sms: int = DEFAULT_SMS, 
                       max_programs=sms if role_split else 0)
 
 
+WIDE_BLOCK_H = 64  # hopper_wide: one wgmma M of heads, the output split across two warpgroups
+WIDE_BLOCK_N = 64  # its rows per block (32-row blocks with three tiles measured slower)
+WIDE_KV_BUFS = 2  # dequantized tiles: the producer fills one while the consumers read the other
+WIDE_P_BUFS = 1  # P tiles handed from the scorer to the right warpgroup
+WIDE_RING_ROWS = 16  # its producer's ring slot: 4 rows per warp, one warpgroup
+
+
+def wide_smem_bytes(slots: int, p_bufs: int = WIDE_P_BUFS) -> int:
+    """Shared memory of the 64-head kernel: the producer's ring (fp8 tiles, scales, index
+    entries), the dequantized tiles, q, the P tiles and their rescale factors, 1/l, mbarriers
+    and compiler scratch."""
+    ring = slots * WIDE_RING_ROWS * (512 + 16 + 4)
+    tiles = (WIDE_KV_BUFS * WIDE_BLOCK_N + WIDE_BLOCK_H) * 512 * 2 + p_bufs * WIDE_BLOCK_H * WIDE_BLOCK_N * 2
+    return ring + tiles + (p_bufs + 1) * WIDE_BLOCK_H * 4 + 1024
+
+
+def plan_hopper_wide(tokens: int, heads: int, width: int, sms: int = DEFAULT_SMS, slots: int | None = None,
+                     splits: int | None = None) -> LaunchPlan:
+    """Launch shape for the 64-head SM90 kernel (NoPE rows): as many producer ring slots as shared
+    memory holds (rows in flight bound it), one program per (token, head block, split), split as
+    `_split_one_per_sm` does."""
+    block_n = WIDE_BLOCK_N
+    if slots is None:
+        slots = 1
+        while wide_smem_bytes(slots + 1) <= HOPPER_SMEM:
+            slots += 1
+    if wide_smem_bytes(slots) > HOPPER_SMEM:
+        raise ValueError(f"{slots} ring slots need more shared memory than SM90 has")
+    head_blocks, splits, per_split = _split_one_per_sm(tokens, heads, width, WIDE_BLOCK_H, block_n, sms, splits,
+                                                      fill=-(-sms // 2))
+    return LaunchPlan(WIDE_BLOCK_H, head_blocks, block_n, splits, per_split, num_warps=4, num_stages=slots,
+                      prefetch=False, kernel="hopper_wide")
+
+
 def hopper_available(device) -> bool:
     """The Gluon kernel runs on SM90 only (wgmma), and needs a Triton with Gluon."""
     if torch.cuda.get_device_capability(device)[0] != 9:
@@ -217,12 +252,23 @@ def use_hopper_ws(tokens: int, heads: int, rope_dim: int) -> bool:
     return not rope_dim and (heads <= 16 or (heads <= WS_MAX_BLOCK_H and tokens >= 64))
 
 
+def use_hopper_wide(single_role: LaunchPlan, rope_dim: int) -> bool:
+    """NoPE rows where the single-role planner takes 64 heads per program: there the 64-head
+    kernel measured 1.15-1.35x faster on the H200 (64 heads: 0.451 against 0.602 ms at 512
+    tokens, 0.032 against 0.037 at 8; results/reference/decode-tuning/hopper-wide/). Where the
+    planner takes fewer heads to fill the SMs (1 token) the single-role kernel stays."""
+    return not rope_dim and single_role.block_h == WIDE_BLOCK_H
+
+
 def choose_plan(tokens: int, heads: int, width: int, rope_dim: int, device) -> LaunchPlan:
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     if hopper_available(device):
         if use_hopper_ws(tokens, heads, rope_dim):
             return plan_hopper_ws(tokens, heads, width, sms)
-        return plan_hopper(tokens, heads, width, bool(rope_dim), sms)
+        plan = plan_hopper(tokens, heads, width, bool(rope_dim), sms)
+        if use_hopper_wide(plan, rope_dim):
+            return plan_hopper_wide(tokens, heads, width, sms)
+        return plan
     return plan_launch(tokens, heads, width, sms)
 
 
@@ -282,6 +328,13 @@ def native_decode(q: torch.Tensor, cache: torch.Tensor, indices: torch.Tensor, s
             *args, BLOCK_H=plan.block_h, BLOCK_N=plan.block_n, ROW_BYTES=cache.shape[-1], ROPE=bool(rope_dim),
             HEAD_BLOCKS=plan.head_blocks, NUM_STAGES=plan.num_stages, S_WARPS_M=score_warps_m(plan.block_n),
             num_warps=plan.num_warps)
+    elif plan.kernel == "hopper_wide":
+        from nopebench.decode import hopper_wide_decode as wide
+
+        if rope_dim:
+            raise ValueError("the 64-head kernel reads NoPE rows only")
+        constants, options = wide.launch_constants(plan, cache.shape[-1])
+        wide.hopper_wide_decode_kernel[grid](*args, tokens, **constants, **options)
     elif plan.kernel == "hopper_ws":
         from nopebench.decode import hopper_ws_decode as ws
 

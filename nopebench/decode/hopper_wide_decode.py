@@ -1,0 +1,267 @@
+"""Sparse MLA decode for Hopper (SM90) at 64 heads per program, NoPE rows, in Gluon: the output
+split across two warpgroups, beside a producer.
+
+At 64 heads the single-role kernel (`hopper_decode.py`) runs gather, dequantization, scores,
+softmax and output product one after another in the same warps; its phase probes on the H200
+(results/reference/decode-tuning/hopper/probes-h64-t512.log) add up. Here three warpgroups run
+at once (the split FlashMLA's SM90 sparse decode uses):
+
+- the producer gathers and dequantizes each 64-row block into one of two bf16 tiles
+  (`hopper_ws_decode._producer`, unchanged);
+- the scorer (the default partition) runs S = Q K^T for 64 heads x 64 keys, the online softmax,
+  hands P and the per-head rescale factor to the other warpgroup through shared memory, and runs
+  the left half of the output product, O[:, :256] = alpha O + P V[:, :256], P from registers;
+- the right warpgroup runs O[:, 256:] from the shared P.
+
+Not swapped (heads on the M side, 64 fill a wgmma): each warpgroup's half of O is 64 x 256
+fp32, 128 registers a thread, and the softmax reduces within thread quads. One program per
+(query token, head block, split); same output buffers as `hopper_decode.hopper_decode_kernel`.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from nopebench.decode.hopper_decode import TILE, _load_idx, _per_tile, _stage_q
+from nopebench.decode.hopper_ws_decode import _item, _producer, _stream
+
+BLOCK_H = gl.constexpr(64)  # heads per program: one wgmma M
+PRODUCER_WARPS = 4  # 16-row ring slots
+# setmaxnreg budgets (the compile-only build checks them spill-free); the scorer (the default
+# partition) gets the rest of the 64K register file.
+PRODUCER_REGS, RIGHT_REGS = 96, 160
+LAUNCH_REGS = 65536 // (32 * (8 + PRODUCER_WARPS)) // 8 * 8
+
+
+def launch_constants(plan, row_bytes: int) -> tuple[dict, dict]:
+    """Constexprs and launch options for a `native.plan_hopper_wide` plan (launcher and build)."""
+    from nopebench.decode.native import WIDE_KV_BUFS, WIDE_P_BUFS
+
+    constants = dict(BLOCK_N=plan.block_n, ROW_BYTES=row_bytes, HEAD_BLOCKS=plan.head_blocks,
+                     BLOCKS=plan.entries_per_split // plan.block_n, KV_BUFS=WIDE_KV_BUFS, P_BUFS=WIDE_P_BUFS,
+                     RING_SLOTS=plan.num_stages, P_WARPS=PRODUCER_WARPS, P_REGS=PRODUCER_REGS, R_REGS=RIGHT_REGS)
+    return constants, {"num_warps": 4, "maxnreg": LAUNCH_REGS}
+
+
+@gluon.jit
+def _softmax_rows(s, valid, m_i, l_i, qk_scale_log2):
+    """Online-softmax update over one block of scores, heads on axis 0, keys on axis 1."""
+    s = gl.where(gl.expand_dims(valid, 0), s * qk_scale_log2, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, axis=1))
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # no valid entry yet: keep p = 0
+    p = gl.exp2(s - gl.expand_dims(m_safe, 1))
+    alpha = gl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    return p, alpha, m_new, l_i
+
+
+@gluon.jit
+def _block_scores(q_smem, kv_bufs, full_bars, i, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
+    """Waits for block i's tile and issues S = Q K^T over the four 128-wide tiles: four async
+    wgmma groups."""
+    bufs: gl.constexpr = kv_bufs[0].shape[0]
+    b = i % bufs
+    mbarrier.wait(full_bars.index(b), (i // bufs) & 1)
+    s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout)
+    for t in gl.static_range(4):
+        s = warpgroup_mma(q_smem.index(t), kv_bufs[t].index(b).permute((1, 0)), s, is_async=True)
+    return s
+
+
+@gluon.jit
+def _hand_over(p, alpha, p_smem, a_smem, p_full, p_empty, i):
+    """P (bf16) and the rescale factor of block i to the right warpgroup, into the P buffer it
+    has finished with. Returns P for this warpgroup's own product."""
+    p16 = p.to(gl.bfloat16)
+    bufs: gl.constexpr = p_smem.shape[0]
+    b = i % bufs
+    mbarrier.wait(p_empty.index(b), ((i // bufs) & 1) ^ 1)  # all start free
+    p_smem.index(b).store(p16)
+    a_smem.index(b).store(alpha)
+    fence_async_shared()
+    mbarrier.arrive(p_full.index(b), count=1)
+    return p16
+
+
+@gluon.jit
+def _half_product(p, kv_bufs, b, oa, ob, alpha, HALF: gl.constexpr, o_layout: gl.constexpr):
+    """O[:, half] = alpha O[:, half] + P V[:, half]: two async wgmma over 128-wide tiles."""
+    a_o = gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+    # Both rescaled before either product is issued: ptxas serialises every wgmma when an
+    # accumulator is touched between the issue and the wait of another.
+    oa = oa * a_o
+    ob = ob * a_o
+    oa = warpgroup_mma(p, kv_bufs[2 * HALF].index(b), oa, is_async=True)
+    ob = warpgroup_mma(p, kv_bufs[2 * HALF + 1].index(b), ob, is_async=True)
+    return oa, ob
+
+
+@gluon.jit
+def _store_half(oa, ob, inv, out_ptr, tok, hb, split, heads, stride_ot, stride_oh, stride_os,
+                HALF: gl.constexpr, o_layout: gl.constexpr):
+    """Normalise one half of O by the softmax denominator and store it."""
+    inv_o = gl.expand_dims(gl.convert_layout(inv, gl.SliceLayout(1, o_layout)), 1)
+    offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_layout))
+    cols = gl.arange(0, TILE, layout=gl.SliceLayout(0, o_layout))
+    base = out_ptr + split.to(gl.int64) * stride_os + tok.to(gl.int64) * stride_ot + 2 * HALF * TILE
+    ptrs = base + gl.expand_dims(offs_h, 1) * stride_oh + gl.expand_dims(cols, 0)
+    mask = gl.expand_dims(offs_h < heads, 1) & gl.expand_dims(cols >= 0, 0)
+    ty = out_ptr.dtype.element_ty
+    gl.store(ptrs, (oa * inv_o).to(ty), mask=mask)
+    gl.store(ptrs + TILE, (ob * inv_o).to(ty), mask=mask)
+
+
+@gluon.jit
+def _scorer(out_ptr, lse_ptr, idx_ptr, q_smem, kv_bufs, p_smem, a_smem, inv_smem,
+            full_bars, empty_bars, p_full, p_empty, fin_bar, q_bar,
+            heads, width, entries_per_split, qk_scale_log2, tokens,
+            stride_it, stride_ot, stride_oh, stride_os, stride_lt, stride_ls,
+            BLOCK_N: gl.constexpr, BLOCKS: gl.constexpr, HEAD_BLOCKS: gl.constexpr, s_layout: gl.constexpr,
+            o_layout: gl.constexpr):
+    """Scores, online softmax and the left half of O."""
+    keys: gl.constexpr = gl.SliceLayout(0, s_layout)
+    # The block's index entries are loaded one or two per thread and then spread to the score
+    # layout: loaded straight into it, 16 per thread, their addresses stay live across the loop
+    # and Triton 3.9 spills them.
+    idx_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    bufs: gl.constexpr = kv_bufs[0].shape[0]
+    p_regs: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    pid, nprog, splits, items = _stream(tokens, width, entries_per_split, HEAD_BLOCKS)
+    tok, hb, split, idx_row, start, end = _item(pid, idx_ptr, width, entries_per_split, stride_it, splits,
+                                                HEAD_BLOCKS)
+    oa = gl.zeros([BLOCK_H, TILE], gl.float32, o_layout)
+    ob = gl.zeros([BLOCK_H, TILE], gl.float32, o_layout)
+    mbarrier.wait(q_bar, 0)  # the right warpgroup staged q
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(1, s_layout))
+
+    # Block i's scores are issued right behind block i - 1's left product, so the tensor cores
+    # run both while the right warpgroup runs its half (issuing block i + 1's scores before block
+    # i's softmax, with three 32-row tiles, measured slower: the per-block waits dominate).
+    valid = gl.convert_layout(_load_idx(idx_row, start, end, BLOCK_N, idx_l) >= 0, keys)
+    s = _block_scores(q_smem, kv_bufs, full_bars, 0, BLOCK_N, s_layout)
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+    p, alpha, m_i, l_i = _softmax_rows(s, valid, m_i, l_i, qk_scale_log2)
+    p16 = _hand_over(p, alpha, p_smem, a_smem, p_full, p_empty, 0)
+    for i in range(1, BLOCKS):
+        valid = gl.convert_layout(_load_idx(idx_row, start + i * BLOCK_N, end, BLOCK_N, idx_l) >= 0, keys)
+        prev = (i - 1) % bufs
+        oa, ob = _half_product(gl.convert_layout(p16, p_regs), kv_bufs, prev, oa, ob, alpha, 0, o_layout)
+        s = _block_scores(q_smem, kv_bufs, full_bars, i, BLOCK_N, s_layout)
+        s, oa, ob = warpgroup_mma_wait(num_outstanding=0, deps=(s, oa, ob))
+        mbarrier.arrive(empty_bars.index(prev), count=1)
+        p, alpha, m_i, l_i = _softmax_rows(s, valid, m_i, l_i, qk_scale_log2)
+        p16 = _hand_over(p, alpha, p_smem, a_smem, p_full, p_empty, i)
+    last = (BLOCKS - 1) % bufs
+    oa, ob = _half_product(gl.convert_layout(p16, p_regs), kv_bufs, last, oa, ob, alpha, 0, o_layout)
+    oa, ob = warpgroup_mma_wait(num_outstanding=0, deps=(oa, ob))
+    mbarrier.arrive(empty_bars.index(last), count=1)
+
+    has = l_i > 0
+    inv = gl.where(has, 1.0 / gl.where(has, l_i, 1.0), 0.0)
+    inv_smem.store(inv)
+    mbarrier.arrive(fin_bar, count=1)
+    _store_half(oa, ob, inv, out_ptr, tok, hb, split, heads, stride_ot, stride_oh, stride_os, 0, o_layout)
+    lse = gl.where(has, (m_i + gl.log2(gl.where(has, l_i, 1.0))) / 1.4426950408889634, float("-inf"))
+    offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_layout))
+    gl.store(lse_ptr + split.to(gl.int64) * stride_ls + tok.to(gl.int64) * stride_lt + offs_h, lse,
+             mask=offs_h < heads)
+
+
+@gluon.jit
+def _right(q_ptr, out_ptr, idx_ptr, q_smem, kv_bufs, p_smem, a_smem, inv_smem, empty_bars, p_full, p_empty,
+           fin_bar, q_bar, heads, width, entries_per_split, tokens, stride_qt, stride_qh, stride_it, stride_ot,
+           stride_oh, stride_os, BLOCKS: gl.constexpr, HEAD_BLOCKS: gl.constexpr, o_layout: gl.constexpr,
+           q_layout: gl.constexpr):
+    """Stages q for the scorer (which keeps its registers for the loop), then the right half of
+    O from the P the scorer shares; the tile goes back after each block."""
+    pid, nprog, splits, items = _stream(tokens, width, entries_per_split, HEAD_BLOCKS)
+    tok, hb, split, _, _, _ = _item(pid, idx_ptr, width, entries_per_split, stride_it, splits, HEAD_BLOCKS)
+    _stage_q(q_ptr, q_smem, tok, hb, heads, stride_qt, stride_qh, BLOCK_H, q_layout)
+    fence_async_shared()  # generic-proxy stores -> the scorer's wgmma
+    mbarrier.arrive(q_bar, count=1)
+    oa = gl.zeros([BLOCK_H, TILE], gl.float32, o_layout)
+    ob = gl.zeros([BLOCK_H, TILE], gl.float32, o_layout)
+    bufs: gl.constexpr = kv_bufs[0].shape[0]
+    p_bufs: gl.constexpr = p_smem.shape[0]
+    for i in range(BLOCKS):
+        pb = i % p_bufs
+        mbarrier.wait(p_full.index(pb), (i // p_bufs) & 1)
+        alpha = a_smem.index(pb).load(gl.SliceLayout(1, o_layout))
+        oa, ob = _half_product(p_smem.index(pb), kv_bufs, i % bufs, oa, ob, alpha, 1, o_layout)
+        oa, ob = warpgroup_mma_wait(num_outstanding=0, deps=(oa, ob))
+        mbarrier.arrive(p_empty.index(pb), count=1)
+        mbarrier.arrive(empty_bars.index(i % bufs), count=1)
+    mbarrier.wait(fin_bar, 0)
+    inv = inv_smem.load(gl.SliceLayout(1, o_layout))
+    _store_half(oa, ob, inv, out_ptr, tok, hb, split, heads, stride_ot, stride_oh, stride_os, 1, o_layout)
+
+
+@gluon.jit
+def hopper_wide_decode_kernel(
+    q_ptr, cache_ptr, idx_ptr, out_ptr, lse_ptr,
+    heads, width, entries_per_split, qk_scale_log2,
+    stride_qt, stride_qh, stride_it, stride_ot, stride_oh, stride_os, stride_lt, stride_ls, tokens,
+    BLOCK_N: gl.constexpr, ROW_BYTES: gl.constexpr, HEAD_BLOCKS: gl.constexpr, BLOCKS: gl.constexpr,
+    KV_BUFS: gl.constexpr, P_BUFS: gl.constexpr, RING_SLOTS: gl.constexpr,
+    P_WARPS: gl.constexpr, P_REGS: gl.constexpr, R_REGS: gl.constexpr,
+):
+    # BLOCKS: BLOCK_N-row blocks per program (entries_per_split / BLOCK_N); KV_BUFS: dequantized
+    # tiles; P_BUFS: P tiles handed to the right warpgroup; RING_SLOTS: producer
+    # ring slots of 4 * P_WARPS rows; P_REGS, R_REGS: the producer's and right warpgroup's
+    # register budgets (setmaxnreg).
+    SUB: gl.constexpr = 4 * P_WARPS
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, TILE, 16])
+    q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
+    plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    vec: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    kv_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, TILE], gl.bfloat16)
+    q_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, TILE], gl.bfloat16)
+    p_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_N], gl.bfloat16)
+
+    raw_k = _per_tile(gl.uint8, [RING_SLOTS, SUB, TILE], plain)
+    raw_s = gl.allocate_shared_memory(gl.float32, [RING_SLOTS, SUB, 4], plain)
+    idx_ring = gl.allocate_shared_memory(gl.int32, [RING_SLOTS, SUB], vec)
+    kv_bufs = _per_tile(gl.bfloat16, [KV_BUFS, BLOCK_N, TILE], kv_shared)
+    q_smem = gl.allocate_shared_memory(gl.bfloat16, [4, BLOCK_H, TILE], q_shared)
+    p_smem = gl.allocate_shared_memory(gl.bfloat16, [P_BUFS, BLOCK_H, BLOCK_N], p_shared)
+    a_smem = gl.allocate_shared_memory(gl.float32, [P_BUFS, BLOCK_H], vec)
+    inv_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], vec)
+    full_bars = gl.allocate_shared_memory(gl.int64, [KV_BUFS, 1], mbarrier.MBarrierLayout())
+    empty_bars = gl.allocate_shared_memory(gl.int64, [KV_BUFS, 1], mbarrier.MBarrierLayout())
+    p_full = gl.allocate_shared_memory(gl.int64, [P_BUFS, 1], mbarrier.MBarrierLayout())
+    p_empty = gl.allocate_shared_memory(gl.int64, [P_BUFS, 1], mbarrier.MBarrierLayout())
+    fin_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    for b in gl.static_range(KV_BUFS):
+        mbarrier.init(full_bars.index(b), count=1)
+        mbarrier.init(empty_bars.index(b), count=2)  # both output halves read the tile
+    for b in gl.static_range(P_BUFS):
+        mbarrier.init(p_full.index(b), count=1)
+        mbarrier.init(p_empty.index(b), count=1)
+    mbarrier.init(fin_bar, count=1)
+    mbarrier.init(q_bar, count=1)
+
+    gl.warp_specialize(
+        [(_scorer, (out_ptr, lse_ptr, idx_ptr, q_smem, kv_bufs, p_smem, a_smem, inv_smem,
+                    full_bars, empty_bars, p_full, p_empty, fin_bar, q_bar,
+                    heads, width, entries_per_split, qk_scale_log2, tokens,
+                    stride_it, stride_ot, stride_oh, stride_os, stride_lt, stride_ls,
+                    BLOCK_N, BLOCKS, HEAD_BLOCKS, s_layout, o_layout)),
+         (_right, (q_ptr, out_ptr, idx_ptr, q_smem, kv_bufs, p_smem, a_smem, inv_smem, empty_bars, p_full, p_empty,
+                   fin_bar, q_bar, heads, width, entries_per_split, tokens, stride_qt, stride_qh, stride_it,
+                   stride_ot, stride_oh, stride_os, BLOCKS, HEAD_BLOCKS, o_layout, q_layout)),
+         (_producer, (cache_ptr, idx_ptr, width, entries_per_split, stride_it, tokens, raw_k, raw_s, idx_ring,
+                      kv_bufs, full_bars, empty_bars, BLOCK_N, BLOCKS, ROW_BYTES, RING_SLOTS, P_WARPS,
+                      HEAD_BLOCKS))],
+        [4, P_WARPS], [R_REGS, P_REGS])
