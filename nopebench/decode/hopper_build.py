@@ -56,13 +56,15 @@ class KernelBuild:
     stack_bytes: int | None
     kernel: str = "hopper"
     role_split: bool = False
+    splits: int = 1  # of the top-k range, where a shape is built for a split plan
 
     @property
     def shape(self) -> str:
         name = ("warp-specialised (scorer + accumulator), " if self.role_split else
                 "warp-specialised, " if self.kernel == "hopper_ws" else
                 "64-head (split output), " if self.kernel == "hopper_wide" else "")
-        return f"{name}{self.block_h} heads x {self.block_n} rows, {self.stages} slot(s){', RoPE' if self.rope else ''}"
+        splits = f", {self.splits} splits" if self.splits > 1 else ""
+        return f"{name}{self.block_h} heads x {self.block_n} rows, {self.stages} slot(s){', RoPE' if self.rope else ''}{splits}"
 
     @property
     def problems(self) -> list[str]:
@@ -150,7 +152,7 @@ def compile_wide_shape(heads: int, tokens: int) -> KernelBuild:
     compiled, seconds, registers, stack = _compile(wide.hopper_wide_decode_kernel, constants, options)
     return KernelBuild(plan.block_h, plan.block_n, plan.num_stages, False, seconds,
                        "wgmma.mma_async" in compiled.asm["ptx"], int(compiled.metadata.shared),
-                       wide_smem_bytes(plan.num_stages), registers, stack, kernel="hopper_wide")
+                       wide_smem_bytes(plan.num_stages), registers, stack, kernel="hopper_wide", splits=plan.splits)
 
 
 def _resource_usage(triton_dir: Path, cubin: bytes) -> tuple[int | None, int | None]:

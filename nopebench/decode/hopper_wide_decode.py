@@ -6,16 +6,18 @@ softmax and output product one after another in the same warps; its phase probes
 (results/reference/decode-tuning/hopper/probes-h64-t512.log) add up. Here three warpgroups run
 at once (the split FlashMLA's SM90 sparse decode uses):
 
-- the producer gathers and dequantizes each 64-row block into one of two bf16 tiles
-  (`hopper_ws_decode._producer`, unchanged);
+- the producer (one warpgroup) gathers and dequantizes each 64-row block into one of two bf16
+  tiles (`hopper_ws_decode._producer`, unchanged);
 - the scorer (the default partition) runs S = Q K^T for 64 heads x 64 keys, the online softmax,
   hands P and the per-head rescale factor to the other warpgroup through shared memory, and runs
   the left half of the output product, O[:, :256] = alpha O + P V[:, :256], P from registers;
-- the right warpgroup runs O[:, 256:] from the shared P.
+- the right warpgroup stages q, then runs O[:, 256:] from the shared P.
 
 Not swapped (heads on the M side, 64 fill a wgmma): each warpgroup's half of O is 64 x 256
-fp32, 128 registers a thread, and the softmax reduces within thread quads. One program per
-(query token, head block, split); same output buffers as `hopper_decode.hopper_decode_kernel`.
+fp32, 128 registers a thread, and the softmax reduces within thread quads. Shared memory is
+full (q 64 KB, two tiles 128 KB, the ring, one P tile), and so are the registers; the H200
+record is results/reference/decode-tuning/hopper-wide/. One program per (query token, head
+block, split); same output buffers as `hopper_decode.hopper_decode_kernel`.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from nopebench.decode.hopper_ws_decode import _item, _producer, _stream
 BLOCK_H = gl.constexpr(64)  # heads per program: one wgmma M
 PRODUCER_WARPS = 4  # 16-row ring slots
 # setmaxnreg budgets (the compile-only build checks them spill-free); the scorer (the default
-# partition) gets the rest of the 64K register file.
+# partition) gets the rest of the 64K register file, 248. A right warpgroup with 152 made
+# ptxas serialise its wgmma (Triton 3.6), a producer with 88 made Triton 3.9 spill.
 PRODUCER_REGS, RIGHT_REGS = 96, 160
 LAUNCH_REGS = 65536 // (32 * (8 + PRODUCER_WARPS)) // 8 * 8
 
@@ -94,8 +97,8 @@ def _hand_over(p, alpha, p_smem, a_smem, p_full, p_empty, i):
 def _half_product(p, kv_bufs, b, oa, ob, alpha, HALF: gl.constexpr, o_layout: gl.constexpr):
     """O[:, half] = alpha O[:, half] + P V[:, half]: two async wgmma over 128-wide tiles."""
     a_o = gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-    # Both rescaled before either product is issued: ptxas serialises every wgmma when an
-    # accumulator is touched between the issue and the wait of another.
+    # Both rescaled before either product is issued: rescaling one between the two issues made
+    # ptxas insert a wgmma wait there (its message C7517).
     oa = oa * a_o
     ob = ob * a_o
     oa = warpgroup_mma(p, kv_bufs[2 * HALF].index(b), oa, is_async=True)
