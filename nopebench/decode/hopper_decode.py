@@ -129,14 +129,15 @@ def _issue_scores(kv_smem, q_smem, raw_r, qr_smem, stage, BLOCK_N: gl.constexpr,
 
 
 @gluon.jit
-def _softmax_step(s, valid, m_i, l_i, qk_scale_log2):
-    """Online-softmax update over one block of scores (keys on axis 0): new max, P, rescale."""
-    s = gl.where(gl.expand_dims(valid, 1), s * qk_scale_log2, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, axis=0))
+def _softmax_step(s, valid, m_i, l_i, qk_scale_log2, KEYS: gl.constexpr = 0):
+    """Online-softmax update over one block of scores with keys on axis KEYS (0: the swapped
+    S^T, heads on axis 1): new max, P, rescale."""
+    s = gl.where(gl.expand_dims(valid, 1 - KEYS), s * qk_scale_log2, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, axis=KEYS))
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # no valid entry yet: keep p = 0
-    p = gl.exp2(s - gl.expand_dims(m_safe, 0))
+    p = gl.exp2(s - gl.expand_dims(m_safe, KEYS))
     alpha = gl.exp2(m_i - m_safe)
-    l_i = l_i * alpha + gl.sum(p, axis=0)
+    l_i = l_i * alpha + gl.sum(p, axis=KEYS)
     return p, alpha, m_new, l_i
 
 

@@ -31,8 +31,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from nopebench.decode.hopper_decode import TILE, _load_idx, _per_tile, _stage_q
-from nopebench.decode.hopper_ws_decode import _item, _producer, _stream
+from nopebench.decode.hopper_decode import TILE, _load_idx, _softmax_step, _stage_q
+from nopebench.decode.hopper_ws_decode import _item, _producer, _producer_buffers, _stream
 
 BLOCK_H = gl.constexpr(64)  # heads per program: one wgmma M
 PRODUCER_WARPS = 4  # 16-row ring slots
@@ -51,18 +51,6 @@ def launch_constants(plan, row_bytes: int) -> tuple[dict, dict]:
                      BLOCKS=plan.entries_per_split // plan.block_n, KV_BUFS=WIDE_KV_BUFS, P_BUFS=WIDE_P_BUFS,
                      RING_SLOTS=plan.num_stages, P_WARPS=PRODUCER_WARPS, P_REGS=PRODUCER_REGS, R_REGS=RIGHT_REGS)
     return constants, {"num_warps": 4, "maxnreg": LAUNCH_REGS}
-
-
-@gluon.jit
-def _softmax_rows(s, valid, m_i, l_i, qk_scale_log2):
-    """Online-softmax update over one block of scores, heads on axis 0, keys on axis 1."""
-    s = gl.where(gl.expand_dims(valid, 0), s * qk_scale_log2, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, axis=1))
-    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # no valid entry yet: keep p = 0
-    p = gl.exp2(s - gl.expand_dims(m_safe, 1))
-    alpha = gl.exp2(m_i - m_safe)
-    l_i = l_i * alpha + gl.sum(p, axis=1)
-    return p, alpha, m_new, l_i
 
 
 @gluon.jit
@@ -154,7 +142,7 @@ def _scorer(out_ptr, lse_ptr, idx_ptr, q_smem, kv_bufs, p_smem, a_smem, inv_smem
     valid = gl.convert_layout(_load_idx(idx_row, start, end, BLOCK_N, idx_l) >= 0, keys)
     s = _block_scores(q_smem, kv_bufs, full_bars, 0, BLOCK_N, s_layout)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-    p, alpha, m_i, l_i = _softmax_rows(s, valid, m_i, l_i, qk_scale_log2)
+    p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, qk_scale_log2, KEYS=1)
     p16 = _hand_over(p, alpha, p_smem, a_smem, p_full, p_empty, 0)
     for i in range(1, BLOCKS):
         valid = gl.convert_layout(_load_idx(idx_row, start + i * BLOCK_N, end, BLOCK_N, idx_l) >= 0, keys)
@@ -164,7 +152,7 @@ def _scorer(out_ptr, lse_ptr, idx_ptr, q_smem, kv_bufs, p_smem, a_smem, inv_smem
         mbarrier.arrive(empty_bars.index(prev), count=1)
         s = _block_scores(q_smem, kv_bufs, full_bars, i, BLOCK_N, s_layout)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        p, alpha, m_i, l_i = _softmax_rows(s, valid, m_i, l_i, qk_scale_log2)
+        p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, qk_scale_log2, KEYS=1)
         p16 = _hand_over(p, alpha, p_smem, a_smem, p_full, p_empty, i)
     last = (BLOCKS - 1) % bufs
     oa, ob = _half_product(gl.convert_layout(p16, p_regs), kv_bufs, last, oa, ob, alpha, 0, o_layout)
@@ -230,16 +218,11 @@ def hopper_wide_decode_kernel(
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, TILE, 16])
     q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
-    plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     vec: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-    kv_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, TILE], gl.bfloat16)
     q_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, TILE], gl.bfloat16)
     p_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_N], gl.bfloat16)
 
-    raw_k = _per_tile(gl.uint8, [RING_SLOTS, SUB, TILE], plain)
-    raw_s = gl.allocate_shared_memory(gl.float32, [RING_SLOTS, SUB, 4], plain)
-    idx_ring = gl.allocate_shared_memory(gl.int32, [RING_SLOTS, SUB], vec)
-    kv_bufs = _per_tile(gl.bfloat16, [KV_BUFS, BLOCK_N, TILE], kv_shared)
+    raw_k, raw_s, idx_ring, kv_bufs = _producer_buffers(RING_SLOTS, SUB, KV_BUFS, BLOCK_N)
     q_smem = gl.allocate_shared_memory(gl.bfloat16, [4, BLOCK_H, TILE], q_shared)
     p_smem = gl.allocate_shared_memory(gl.bfloat16, [P_BUFS, BLOCK_H, BLOCK_N], p_shared)
     a_smem = gl.allocate_shared_memory(gl.float32, [P_BUFS, BLOCK_H], vec)

@@ -177,6 +177,19 @@ def _producer(cache_ptr, idx_ptr, width, entries_per_split, stride_it, tokens, r
 
 
 @gluon.jit
+def _producer_buffers(RING_SLOTS: gl.constexpr, SUB: gl.constexpr, KV_BUFS: gl.constexpr, BLOCK_N: gl.constexpr):
+    """The shared memory `_producer` works in: the gather ring (fp8 tiles, tile scales and the
+    index entries of each slot's next refill, RING_SLOTS slots of SUB rows) and the KV_BUFS
+    dequantized bf16 tiles it fills for the consumers' wgmma."""
+    plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    kv_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, TILE], gl.bfloat16)
+    raw_k = _per_tile(gl.uint8, [RING_SLOTS, SUB, TILE], plain)
+    raw_s = gl.allocate_shared_memory(gl.float32, [RING_SLOTS, SUB, 4], plain)
+    idx_ring = gl.allocate_shared_memory(gl.int32, [RING_SLOTS, SUB], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    return raw_k, raw_s, idx_ring, _per_tile(gl.bfloat16, [KV_BUFS, BLOCK_N, TILE], kv_shared)
+
+
+@gluon.jit
 def _tile(kv_bufs, b):
     return kv_bufs[0].index(b), kv_bufs[1].index(b), kv_bufs[2].index(b), kv_bufs[3].index(b)
 
@@ -296,16 +309,11 @@ def hopper_ws_decode_kernel(
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[C_WARPS, 1],
                                                          instr_shape=[16, BLOCK_H, 16])
     q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [C_WARPS, 1], [1, 0])
-    plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     vec: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-    kv_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, TILE], gl.bfloat16)
     q_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, TILE], gl.bfloat16)
     p_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_H], gl.bfloat16)
 
-    raw_k = _per_tile(gl.uint8, [RING_SLOTS, SUB, TILE], plain)
-    raw_s = gl.allocate_shared_memory(gl.float32, [RING_SLOTS, SUB, 4], plain)
-    idx_ring = gl.allocate_shared_memory(gl.int32, [RING_SLOTS, SUB], vec)
-    kv_bufs = _per_tile(gl.bfloat16, [NUM_BUF, BLOCK_N, TILE], kv_shared)
+    raw_k, raw_s, idx_ring, kv_bufs = _producer_buffers(RING_SLOTS, SUB, NUM_BUF, BLOCK_N)
     q_smem = gl.allocate_shared_memory(gl.bfloat16, [4, BLOCK_H, TILE], q_shared)
     p_smem = gl.allocate_shared_memory(gl.bfloat16, [NUM_BUF, BLOCK_N, BLOCK_H], p_shared)
     full_bars = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
