@@ -121,12 +121,9 @@ def test_64_head_shared_memory_model_covers_the_compiled_kernel():
         plan_hopper_wide(512, 64, 2176, slots=4)
 
 
-def test_64_head_launch_is_what_the_build_compiles(monkeypatch):
-    """Like the warp-specialised launch: a 1-D grid of (token, head block, split) items, the
-    token count after the shared arguments, and the constexprs the compile-only build checks."""
-    if (reason := hopper_build.gluon_missing()) is not None:
-        pytest.skip(reason)
-    from nopebench.decode import hopper_wide_decode as wide
+def record_launches(monkeypatch, module, kernel: str, heads: int, tokens: int, plan) -> list:
+    """native_decode on CPU tensors with stand-ins for the Gluon kernel `module.kernel` and the
+    splits' combine kernel: each launch as (grid, args, kwargs)."""
     from nopebench.decode import triton_decode
     from nopebench.decode.native import native_decode
 
@@ -136,12 +133,24 @@ def test_64_head_launch_is_what_the_build_compiles(monkeypatch):
         def __getitem__(self, grid):
             return lambda *args, **kwargs: calls.append((grid, args, kwargs))
 
-    monkeypatch.setattr(wide, "hopper_wide_decode_kernel", Recorder())
-    monkeypatch.setattr(triton_decode, "combine_kernel", Recorder())  # the splits' merge
-    q, cache, idx = decode_inputs(128, 8, 2176, 0, 528, "cpu", rows=4096)
-    plan = plan_hopper_wide(8, 128, 2176, sms=132)
+    monkeypatch.setattr(module, kernel, Recorder())
+    monkeypatch.setattr(triton_decode, "combine_kernel", Recorder())
+    q, cache, idx = decode_inputs(heads, tokens, 2176, 0, 528, "cpu", rows=4096)
     native_decode(q, cache, idx, SCALE, 0, plan)
-    (grid, args, kwargs), (combine_grid, _, _) = calls
+    return calls
+
+
+def test_64_head_launch_is_what_the_build_compiles(monkeypatch):
+    """Like the warp-specialised launch: a 1-D grid of (token, head block, split) items, the
+    token count after the shared arguments, and the constexprs the compile-only build checks."""
+    if (reason := hopper_build.gluon_missing()) is not None:
+        pytest.skip(reason)
+    from nopebench.decode import hopper_wide_decode as wide
+    from nopebench.decode.native import native_decode
+
+    plan = plan_hopper_wide(8, 128, 2176, sms=132)
+    (grid, args, kwargs), (combine_grid, _, _) = record_launches(monkeypatch, wide, "hopper_wide_decode_kernel",
+                                                                 128, 8, plan)
     assert plan.splits > 1 and combine_grid == (8 * 128,)
     constants, options = wide.launch_constants(plan, 528)
     assert grid == (8 * 2 * plan.splits,) and args[-1] == 8 and kwargs == {**constants, **options}
@@ -206,19 +215,9 @@ def test_warp_specialised_launch_is_what_the_build_compiles(monkeypatch):
     if (reason := hopper_build.gluon_missing()) is not None:
         pytest.skip(reason)
     from nopebench.decode import hopper_ws_decode as ws
-    from nopebench.decode.native import native_decode
 
-    calls = []
-
-    class Recorder:
-        def __getitem__(self, grid):
-            return lambda *args, **kwargs: calls.append((grid, args, kwargs))
-
-    monkeypatch.setattr(ws, "hopper_ws_decode_kernel", Recorder())
-    q, cache, idx = decode_inputs(16, 512, 2176, 0, 528, "cpu", rows=4096)
     plan = plan_hopper_ws(512, 16, 2176, sms=132)
-    native_decode(q, cache, idx, SCALE, 0, plan)
-    (grid, args, kwargs), = calls
+    (grid, args, kwargs), = record_launches(monkeypatch, ws, "hopper_ws_decode_kernel", 16, 512, plan)
     constants, options = ws.launch_constants(plan, 528)
     assert grid == (132,) and args[-1] == 512 and kwargs == {**constants, **options}
     assert kwargs["ROLE_SPLIT"] and kwargs["BLOCKS"] == 2176 // 64 and kwargs["maxnreg"] == 128
