@@ -207,19 +207,19 @@ WIDE_P_BUFS = 1  # P tiles handed from the scorer to the right warpgroup
 WIDE_RING_ROWS = 16  # its producer's ring slot: 4 rows per warp, one warpgroup
 
 
-def wide_smem_bytes(slots: int, p_bufs: int = WIDE_P_BUFS) -> int:
+def wide_smem_bytes(slots: int) -> int:
     """Shared memory of the 64-head kernel: the producer's ring (fp8 tiles, scales, index
     entries), the dequantized tiles, q, the P tiles and their rescale factors, 1/l, mbarriers
     and compiler scratch."""
     ring = slots * WIDE_RING_ROWS * (512 + 16 + 4)
-    tiles = (WIDE_KV_BUFS * WIDE_BLOCK_N + WIDE_BLOCK_H) * 512 * 2 + p_bufs * WIDE_BLOCK_H * WIDE_BLOCK_N * 2
-    return ring + tiles + (p_bufs + 1) * WIDE_BLOCK_H * 4 + 1024
+    tiles = (WIDE_KV_BUFS * WIDE_BLOCK_N + WIDE_BLOCK_H) * 512 * 2 + WIDE_P_BUFS * WIDE_BLOCK_H * WIDE_BLOCK_N * 2
+    return ring + tiles + (WIDE_P_BUFS + 1) * WIDE_BLOCK_H * 4 + 1024
 
 
 def plan_hopper_wide(tokens: int, heads: int, width: int, sms: int = DEFAULT_SMS, slots: int | None = None,
                      splits: int | None = None) -> LaunchPlan:
     """Launch shape for the 64-head SM90 kernel (NoPE rows): as many producer ring slots as shared
-    memory holds (rows in flight bound it), one program per (token, head block, split), split as
+    memory holds (three), one program per (token, head block, split), split as
     `_split_one_per_sm` does."""
     block_n = WIDE_BLOCK_N
     if slots is None:
@@ -254,9 +254,10 @@ def use_hopper_ws(tokens: int, heads: int, rope_dim: int) -> bool:
 
 def use_hopper_wide(single_role: LaunchPlan, rope_dim: int) -> bool:
     """NoPE rows where the single-role planner takes 64 heads per program: there the 64-head
-    kernel measured 1.15-1.35x faster on the H200 (64 heads: 0.451 against 0.602 ms at 512
-    tokens, 0.032 against 0.037 at 8; results/reference/decode-tuning/hopper-wide/). Where the
-    planner takes fewer heads to fill the SMs (1 token) the single-role kernel stays."""
+    kernel was 1.03-1.44x faster in the H200's full grid (64 heads x 512 tokens: 0.431 against
+    0.603 ms; 64 heads x 8 tokens: 0.032 against 0.037; results/reference/h200-bench-decode-full/).
+    Where the planner takes fewer heads to fill the SMs (1 token) the single-role kernel stays
+    (0.0121 against 0.0136 ms at 64 heads, results/reference/decode-tuning/hopper-wide/)."""
     return not rope_dim and single_role.block_h == WIDE_BLOCK_H
 
 
