@@ -26,6 +26,7 @@ from nopebench.decode.native import (
     LaunchPlan,
     native_decode,
     plan_hopper,
+    plan_hopper_wide,
     plan_hopper_ws,
     plan_launch,
 )
@@ -85,6 +86,9 @@ def hopper_variants(heads: int, tokens: int, rope: bool, few_scan: bool = False)
         cands += [dict(kernel="hopper_ws"), dict(kernel="hopper_ws", role_split=False),
                   dict(kernel="hopper_ws", slots=3), dict(kernel="hopper_ws", slots=2, role_split=False),
                   dict(kernel="hopper_ws", block_h=16)]
+    if not rope and heads > 32:
+        # The 64-head kernel: its plan (three ring slots) and two.
+        cands += [dict(kernel="hopper_wide"), dict(kernel="hopper_wide", slots=2)]
     out, seen = [], set()
     for v in cands + (planner_scan(heads, tokens, rope) if few_scan else []):
         try:
@@ -118,6 +122,9 @@ def planner_scan(heads: int, tokens: int, rope: bool) -> list[dict]:
 
 
 def build_plan(tokens: int, heads: int, v: dict, rope: bool = False) -> LaunchPlan:
+    if v.get("kernel") == "hopper_wide":
+        return plan_hopper_wide(tokens, heads, WIDTH, torch.cuda.get_device_properties(0).multi_processor_count,
+                                slots=v.get("slots"), splits=v.get("splits"))
     if v.get("kernel") == "hopper_ws":
         return plan_hopper_ws(tokens, heads, WIDTH, torch.cuda.get_device_properties(0).multi_processor_count,
                               slots=v.get("slots"), splits=v.get("splits"), block_h=v.get("block_h"),
