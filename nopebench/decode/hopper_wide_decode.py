@@ -48,6 +48,7 @@ def launch_constants(plan, row_bytes: int) -> tuple[dict, dict]:
     from nopebench.decode.native import WIDE_KV_BUFS, WIDE_P_BUFS
 
     constants = dict(BLOCK_N=plan.block_n, ROW_BYTES=row_bytes, HEAD_BLOCKS=plan.head_blocks,
+                     ONE_SPLIT=plan.splits == 1,
                      BLOCKS=plan.entries_per_split // plan.block_n, KV_BUFS=WIDE_KV_BUFS, P_BUFS=WIDE_P_BUFS,
                      RING_SLOTS=plan.num_stages, P_WARPS=PRODUCER_WARPS, P_REGS=PRODUCER_REGS, R_REGS=RIGHT_REGS)
     return constants, {"num_warps": 4, "maxnreg": LAUNCH_REGS}
@@ -114,7 +115,8 @@ def _scorer(out_ptr, lse_ptr, idx_ptr, q_smem, kv_bufs, p_smem, a_smem, inv_smem
             full_bars, empty_bars, p_full, p_empty, fin_bar, q_bar,
             heads, width, entries_per_split, qk_scale_log2, tokens,
             stride_it, stride_ot, stride_oh, stride_os, stride_lt, stride_ls,
-            BLOCK_N: gl.constexpr, BLOCKS: gl.constexpr, HEAD_BLOCKS: gl.constexpr, s_layout: gl.constexpr,
+            BLOCK_N: gl.constexpr, BLOCKS: gl.constexpr, HEAD_BLOCKS: gl.constexpr,
+            ONE_SPLIT: gl.constexpr, s_layout: gl.constexpr,
             o_layout: gl.constexpr):
     """Scores, online softmax and the left half of O."""
     keys: gl.constexpr = gl.SliceLayout(0, s_layout)
@@ -124,7 +126,7 @@ def _scorer(out_ptr, lse_ptr, idx_ptr, q_smem, kv_bufs, p_smem, a_smem, inv_smem
     idx_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     bufs: gl.constexpr = kv_bufs[0].shape[0]
     p_regs: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    pid, nprog, splits, items = _stream(tokens, width, entries_per_split, HEAD_BLOCKS)
+    pid, nprog, splits, items = _stream(tokens, width, entries_per_split, HEAD_BLOCKS, ONE_SPLIT)
     tok, hb, split, idx_row, start, end = _item(pid, idx_ptr, width, entries_per_split, stride_it, splits,
                                                 HEAD_BLOCKS)
     oa = gl.zeros([BLOCK_H, TILE], gl.float32, o_layout)
@@ -173,11 +175,12 @@ def _scorer(out_ptr, lse_ptr, idx_ptr, q_smem, kv_bufs, p_smem, a_smem, inv_smem
 @gluon.jit
 def _right(q_ptr, out_ptr, idx_ptr, q_smem, kv_bufs, p_smem, a_smem, inv_smem, empty_bars, p_full, p_empty,
            fin_bar, q_bar, heads, width, entries_per_split, tokens, stride_qt, stride_qh, stride_it, stride_ot,
-           stride_oh, stride_os, BLOCKS: gl.constexpr, HEAD_BLOCKS: gl.constexpr, o_layout: gl.constexpr,
+           stride_oh, stride_os, BLOCKS: gl.constexpr, HEAD_BLOCKS: gl.constexpr,
+           ONE_SPLIT: gl.constexpr, o_layout: gl.constexpr,
            q_layout: gl.constexpr):
     """Stages q for the scorer (which keeps its registers for the loop), then the right half of
     O from the P the scorer shares; the tile goes back after each block."""
-    pid, nprog, splits, items = _stream(tokens, width, entries_per_split, HEAD_BLOCKS)
+    pid, nprog, splits, items = _stream(tokens, width, entries_per_split, HEAD_BLOCKS, ONE_SPLIT)
     tok, hb, split, _, _, _ = _item(pid, idx_ptr, width, entries_per_split, stride_it, splits, HEAD_BLOCKS)
     _stage_q(q_ptr, q_smem, tok, hb, heads, stride_qt, stride_qh, BLOCK_H, q_layout)
     fence_async_shared()  # generic-proxy stores -> the scorer's wgmma
@@ -204,7 +207,8 @@ def hopper_wide_decode_kernel(
     q_ptr, cache_ptr, idx_ptr, out_ptr, lse_ptr,
     heads, width, entries_per_split, qk_scale_log2,
     stride_qt, stride_qh, stride_it, stride_ot, stride_oh, stride_os, stride_lt, stride_ls, tokens,
-    BLOCK_N: gl.constexpr, ROW_BYTES: gl.constexpr, HEAD_BLOCKS: gl.constexpr, BLOCKS: gl.constexpr,
+    BLOCK_N: gl.constexpr, ROW_BYTES: gl.constexpr, HEAD_BLOCKS: gl.constexpr,
+    ONE_SPLIT: gl.constexpr, BLOCKS: gl.constexpr,
     KV_BUFS: gl.constexpr, P_BUFS: gl.constexpr, RING_SLOTS: gl.constexpr,
     P_WARPS: gl.constexpr, P_REGS: gl.constexpr, R_REGS: gl.constexpr,
 ):
@@ -247,11 +251,11 @@ def hopper_wide_decode_kernel(
                     full_bars, empty_bars, p_full, p_empty, fin_bar, q_bar,
                     heads, width, entries_per_split, qk_scale_log2, tokens,
                     stride_it, stride_ot, stride_oh, stride_os, stride_lt, stride_ls,
-                    BLOCK_N, BLOCKS, HEAD_BLOCKS, s_layout, o_layout)),
+                    BLOCK_N, BLOCKS, HEAD_BLOCKS, ONE_SPLIT, s_layout, o_layout)),
          (_right, (q_ptr, out_ptr, idx_ptr, q_smem, kv_bufs, p_smem, a_smem, inv_smem, empty_bars, p_full, p_empty,
                    fin_bar, q_bar, heads, width, entries_per_split, tokens, stride_qt, stride_qh, stride_it,
-                   stride_ot, stride_oh, stride_os, BLOCKS, HEAD_BLOCKS, o_layout, q_layout)),
+                   stride_ot, stride_oh, stride_os, BLOCKS, HEAD_BLOCKS, ONE_SPLIT, o_layout, q_layout)),
          (_producer, (cache_ptr, idx_ptr, width, entries_per_split, stride_it, tokens, raw_k, raw_s, idx_ring,
                       kv_bufs, full_bars, empty_bars, BLOCK_N, BLOCKS, ROW_BYTES, RING_SLOTS, P_WARPS,
-                      HEAD_BLOCKS))],
+                      HEAD_BLOCKS, ONE_SPLIT))],
         [4, P_WARPS], [R_REGS, P_REGS])
