@@ -170,6 +170,10 @@ def test_64_head_kernel_compiles_for_sm90_within_its_budget(case):
     from nopebench.decode.native import WIDE_RING_ROWS
 
     assert WIDE_RING_ROWS == 4 * wide.PRODUCER_WARPS
+    # The two cases compile both forms of the producer's work-item arithmetic: constexpr with
+    # one split, run-time divisions with more.
+    plan = plan_hopper_wide(case[1], case[0], 2176)
+    assert wide.launch_constants(plan, 528)[0]["ONE_SPLIT"] == (plan.splits == 1)
     build = hopper_build.compile_wide_shape(*case)
     assert build.kernel == "hopper_wide" and build.has_wgmma
     assert build.problems == [], build.problems

@@ -34,10 +34,10 @@ PLAN_SHAPES = ((16, 128, 1, False), (16, 64, 2, False), (16, 64, 2, True), (32, 
 # The warp-specialised kernel: (heads, query tokens, role split) of each shape plan_hopper_ws
 # emits (None: its default), and its one-consumer form at 16 heads, which tuning compares.
 WS_PLAN_CASES = ((16, 512, None), (32, 512, None), (16, 512, False))
-# The 64-head kernel: (heads, query tokens) of a plan without and one with splits. (With two
-# head blocks, 128 heads, Triton 3.9 spills one 8-byte wgmma descriptor in the scorer; 3.6,
-# which the H200 runs, spills nothing there either.)
-WIDE_PLAN_CASES = ((64, 512), (64, 8))
+# The 64-head kernel: (heads, query tokens) of plans without splits, at one and two head
+# blocks, and one with splits. (Before its split count was a constexpr, Triton 3.9 spilled
+# 8 bytes at two head blocks.)
+WIDE_PLAN_CASES = ((64, 512), (128, 512), (64, 8))
 # Triton 3.6 (on the H200) asks 512 bytes more shared memory than the 3.9 this compiles with.
 TRITON_36_EXTRA_SHARED = 512
 
@@ -57,6 +57,7 @@ class KernelBuild:
     kernel: str = "hopper"
     role_split: bool = False
     splits: int = 1  # of the top-k range, where a shape is built for a split plan
+    head_blocks: int = 1  # programs per query token and split, where a shape is built for more
 
     @property
     def shape(self) -> str:
@@ -64,7 +65,9 @@ class KernelBuild:
                 "warp-specialised, " if self.kernel == "hopper_ws" else
                 "64-head (split output), " if self.kernel == "hopper_wide" else "")
         splits = f", {self.splits} splits" if self.splits > 1 else ""
-        return f"{name}{self.block_h} heads x {self.block_n} rows, {self.stages} slot(s){', RoPE' if self.rope else ''}{splits}"
+        blocks = f", {self.head_blocks} head blocks" if self.head_blocks > 1 else ""
+        rope = ", RoPE" if self.rope else ""
+        return f"{name}{self.block_h} heads x {self.block_n} rows, {self.stages} slot(s){rope}{blocks}{splits}"
 
     @property
     def problems(self) -> list[str]:
@@ -152,7 +155,8 @@ def compile_wide_shape(heads: int, tokens: int) -> KernelBuild:
     compiled, seconds, registers, stack = _compile(wide.hopper_wide_decode_kernel, constants, options)
     return KernelBuild(plan.block_h, plan.block_n, plan.num_stages, False, seconds,
                        "wgmma.mma_async" in compiled.asm["ptx"], int(compiled.metadata.shared),
-                       wide_smem_bytes(plan.num_stages), registers, stack, kernel="hopper_wide", splits=plan.splits)
+                       wide_smem_bytes(plan.num_stages), registers, stack, kernel="hopper_wide", splits=plan.splits,
+                       head_blocks=plan.head_blocks)
 
 
 def _resource_usage(triton_dir: Path, cubin: bytes) -> tuple[int | None, int | None]:
