@@ -68,9 +68,8 @@ def launch_regs(role_split: bool) -> int:
 def launch_constants(plan, row_bytes: int) -> tuple[dict, dict]:
     """The kernel's constexprs and launch options for a `native.plan_hopper_ws` plan: one source
     for the launcher and the compile-only build, so the build checks what runs."""
-    # ONE_SPLIT stays off here: with it Triton 3.9 spills 8 bytes at 16 heads (3.6 does not).
     constants = dict(BLOCK_H=plan.block_h, BLOCK_N=plan.block_n, ROW_BYTES=row_bytes, HEAD_BLOCKS=plan.head_blocks,
-                     ONE_SPLIT=False, BLOCKS=plan.entries_per_split // plan.block_n, RING_SLOTS=plan.num_stages,
+                     BLOCKS=plan.entries_per_split // plan.block_n, RING_SLOTS=plan.num_stages,
                      ROLE_SPLIT=plan.role_split, C_WARPS=CONSUMER_WARPS, P_WARPS=PRODUCER_WARPS,
                      P_REGS=PRODUCER_REGS, S_REGS=SCORER_REGS)
     return constants, {"num_warps": CONSUMER_WARPS, "maxnreg": launch_regs(plan.role_split)}
@@ -214,13 +213,12 @@ def _consumer(q_ptr, out_ptr, lse_ptr, idx_ptr, q_smem, kv_bufs, p_smem, full_ba
               heads, width, entries_per_split, qk_scale_log2, tokens,
               stride_qt, stride_qh, stride_it, stride_ot, stride_oh, stride_os, stride_lt, stride_ls,
               BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr, BLOCKS: gl.constexpr, HEAD_BLOCKS: gl.constexpr,
-              ONE_SPLIT: gl.constexpr,
               acc_layout: gl.constexpr, q_layout: gl.constexpr):
     """One warpgroup, one item (this consumer's grid is one program per item: looping over
     items, the addresses it hoists out of the loop spill at 32 heads): stage q, then per block
     scores, online softmax and output product in turn (the tile goes back after each)."""
     rows_s: gl.constexpr = gl.SliceLayout(1, acc_layout)
-    pid, nprog, splits, items = _stream(tokens, width, entries_per_split, HEAD_BLOCKS, ONE_SPLIT)
+    pid, nprog, splits, items = _stream(tokens, width, entries_per_split, HEAD_BLOCKS, False)
     tok, hb, split, idx_row, start, end = _item(pid, idx_ptr, width, entries_per_split, stride_it, splits, HEAD_BLOCKS)
     _stage_q(q_ptr, q_smem, tok, hb, heads, stride_qt, stride_qh, BLOCK_H, q_layout)
     fence_async_shared()
@@ -239,12 +237,11 @@ def _consumer(q_ptr, out_ptr, lse_ptr, idx_ptr, q_smem, kv_bufs, p_smem, full_ba
 def _scorer(q_ptr, idx_ptr, q_smem, kv_bufs, p_smem, a_smem, ml_smem, full_bars, p_full, p_empty, fin_bars,
             heads, width, entries_per_split, qk_scale_log2, tokens, stride_qt, stride_qh, stride_it,
             BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr, BLOCKS: gl.constexpr, HEAD_BLOCKS: gl.constexpr,
-            ONE_SPLIT: gl.constexpr,
             s_layout: gl.constexpr, q_layout: gl.constexpr):
     """ROLE_SPLIT's first consumer, every item: stage q, then per block the scores and online
     softmax; P and the rescale factor go to the accumulator, and the final max and sum too."""
     rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-    pid, nprog, splits, items = _stream(tokens, width, entries_per_split, HEAD_BLOCKS, ONE_SPLIT)
+    pid, nprog, splits, items = _stream(tokens, width, entries_per_split, HEAD_BLOCKS, False)
     for it in range(gl.cdiv(items - pid, nprog)):
         tok, hb, split, idx_row, start, end = _item(pid + it * nprog, idx_ptr, width, entries_per_split, stride_it,
                                                     splits, HEAD_BLOCKS)
@@ -273,11 +270,10 @@ def _scorer(q_ptr, idx_ptr, q_smem, kv_bufs, p_smem, a_smem, ml_smem, full_bars,
 def _accumulator(out_ptr, lse_ptr, idx_ptr, kv_bufs, p_smem, a_smem, ml_smem, empty_bars, p_full, p_empty, fin_bars,
                  heads, width, entries_per_split, tokens, stride_it, stride_ot, stride_oh, stride_os, stride_lt,
                  stride_ls, BLOCK_H: gl.constexpr, BLOCKS: gl.constexpr, HEAD_BLOCKS: gl.constexpr,
-                 ONE_SPLIT: gl.constexpr,
                  o_layout: gl.constexpr):
     """ROLE_SPLIT's second consumer, every item: the output product of each block as the scorer
     hands over its P (then the tile goes back), then normalise and store."""
-    pid, nprog, splits, items = _stream(tokens, width, entries_per_split, HEAD_BLOCKS, ONE_SPLIT)
+    pid, nprog, splits, items = _stream(tokens, width, entries_per_split, HEAD_BLOCKS, False)
     for it in range(gl.cdiv(items - pid, nprog)):
         o0, o1, o2, o3, _, _ = _empty_state(BLOCK_H, o_layout, o_layout)
         for i in range(BLOCKS):
@@ -305,7 +301,6 @@ def hopper_ws_decode_kernel(
     heads, width, entries_per_split, qk_scale_log2,
     stride_qt, stride_qh, stride_it, stride_ot, stride_oh, stride_os, stride_lt, stride_ls, tokens,
     BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, ROW_BYTES: gl.constexpr, HEAD_BLOCKS: gl.constexpr,
-    ONE_SPLIT: gl.constexpr,
     BLOCKS: gl.constexpr, RING_SLOTS: gl.constexpr, ROLE_SPLIT: gl.constexpr,
     C_WARPS: gl.constexpr, P_WARPS: gl.constexpr, P_REGS: gl.constexpr, S_REGS: gl.constexpr,
 ):
@@ -332,6 +327,7 @@ def hopper_ws_decode_kernel(
         mbarrier.init(full_bars.index(b), count=1)
         mbarrier.init(empty_bars.index(b), count=1)
     # (A tuple of the producer's arguments would lose their constexpr-ness, so each branch lists them.)
+    # The split count stays a run-time value here (False): as a constexpr Triton 3.9 spills 8 bytes at 16 heads.
 
     if ROLE_SPLIT:
         # The hand-over from scorer to accumulator: P's rescale factor per block, the final max
@@ -348,21 +344,21 @@ def hopper_ws_decode_kernel(
         gl.warp_specialize(
             [(_accumulator, (out_ptr, lse_ptr, idx_ptr, kv_bufs, p_smem, a_smem, ml_smem, empty_bars, p_full, p_empty,
                              fin_bars, heads, width, entries_per_split, tokens, stride_it, stride_ot, stride_oh,
-                             stride_os, stride_lt, stride_ls, BLOCK_H, BLOCKS, HEAD_BLOCKS, ONE_SPLIT, acc_layout)),
+                             stride_os, stride_lt, stride_ls, BLOCK_H, BLOCKS, HEAD_BLOCKS, acc_layout)),
              (_scorer, (q_ptr, idx_ptr, q_smem, kv_bufs, p_smem, a_smem, ml_smem, full_bars, p_full, p_empty, fin_bars,
                         heads, width, entries_per_split, qk_scale_log2, tokens, stride_qt, stride_qh, stride_it,
-                        BLOCK_N, BLOCK_H, BLOCKS, HEAD_BLOCKS, ONE_SPLIT, acc_layout, q_layout)),
+                        BLOCK_N, BLOCK_H, BLOCKS, HEAD_BLOCKS, acc_layout, q_layout)),
              (_producer, (cache_ptr, idx_ptr, width, entries_per_split, stride_it, tokens, raw_k, raw_s, idx_ring,
                           kv_bufs, full_bars, empty_bars, BLOCK_N, BLOCKS, ROW_BYTES, RING_SLOTS, P_WARPS,
-                          HEAD_BLOCKS, ONE_SPLIT))],
+                          HEAD_BLOCKS, False))],
             [C_WARPS, P_WARPS], [S_REGS, P_REGS])
     else:
         gl.warp_specialize(
             [(_consumer, (q_ptr, out_ptr, lse_ptr, idx_ptr, q_smem, kv_bufs, p_smem, full_bars, empty_bars,
                           heads, width, entries_per_split, qk_scale_log2, tokens,
                           stride_qt, stride_qh, stride_it, stride_ot, stride_oh, stride_os, stride_lt, stride_ls,
-                          BLOCK_N, BLOCK_H, BLOCKS, HEAD_BLOCKS, ONE_SPLIT, acc_layout, q_layout)),
+                          BLOCK_N, BLOCK_H, BLOCKS, HEAD_BLOCKS, acc_layout, q_layout)),
              (_producer, (cache_ptr, idx_ptr, width, entries_per_split, stride_it, tokens, raw_k, raw_s, idx_ring,
                           kv_bufs, full_bars, empty_bars, BLOCK_N, BLOCKS, ROW_BYTES, RING_SLOTS, P_WARPS,
-                          HEAD_BLOCKS, ONE_SPLIT))],
+                          HEAD_BLOCKS, False))],
             [P_WARPS], [P_REGS])
