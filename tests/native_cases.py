@@ -9,13 +9,13 @@ from nopebench import rowformat
 
 
 def decode_inputs(heads: int, tokens: int, width: int, rope: int, row_bytes: int, device, seed: int = 0,
-                  rows: int = 512, block_size: int = 64):
+                  rows: int = 512, block_size: int = 64, magnitude: float = 1.0, scale_format: str = "arbitrary_fp32"):
     gen = torch.Generator().manual_seed(seed)
     usable = rows - rows // 8
     cache = torch.full((rows // block_size, block_size, row_bytes), 0xFF, dtype=torch.uint8)  # NaN poison
-    latent = torch.randn(usable, 512, generator=gen).to(torch.bfloat16)
+    latent = (torch.randn(usable, 512, generator=gen) * magnitude).to(torch.bfloat16)
     pe = torch.randn(usable, 64, generator=gen).to(torch.bfloat16) if rope else None
-    rowformat.write_cache(cache, latent, pe, torch.arange(usable), "arbitrary_fp32")
+    rowformat.write_cache(cache, latent, pe, torch.arange(usable), scale_format)
     active = min(width, usable)
     idx = torch.stack([torch.randperm(usable, generator=gen)[:active] for _ in range(tokens)]).int()
     idx = torch.cat([idx, torch.full((tokens, width - active), -1, dtype=torch.int32)], dim=1)
