@@ -173,7 +173,7 @@ def _stage_q(q_ptr, q_smem, tok, hb, heads, stride_qt, stride_qh, BLOCK_H: gl.co
     qmask = gl.expand_dims(offs_qh < heads, 1) & gl.expand_dims(qcols >= 0, 0)
     qrow = q_ptr + tok.to(gl.int64) * stride_qt + gl.expand_dims(offs_qh, 1) * stride_qh
     for t in gl.static_range(4):
-        q_smem.index(t).store(gl.load(qrow + gl.expand_dims(t * TILE + qcols, 0), mask=qmask, other=0.0).to(q_smem.dtype))
+        q_smem.index(t).store(gl.load(qrow + gl.expand_dims(t * TILE + qcols, 0), mask=qmask, other=0.0))
     return qrow, offs_qh
 
 
@@ -193,7 +193,7 @@ def _attend(s, valid, kv, p_smem, o0, o1, o2, o3, m_i, l_i, qk_scale_log2, o_lay
     """One block after its scores: the online-softmax step, P into shared memory, and the
     output product, waited for."""
     p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, qk_scale_log2)
-    p_smem.store(p.to(p_smem.dtype))
+    p_smem.store(p.to(gl.bfloat16))
     fence_async_shared()
     o0, o1, o2, o3 = _issue_output(kv, p_smem, o0, o1, o2, o3, alpha, o_layout)
     o0, o1, o2, o3 = warpgroup_mma_wait(num_outstanding=0, deps=(o0, o1, o2, o3))
@@ -292,11 +292,11 @@ def hopper_decode_kernel(
 @gluon.jit
 def _write_out(o0, o1, o2, o3, m_i, l_i, out_ptr, lse_ptr, tok, hb, split, heads,
                stride_ot, stride_oh, stride_os, stride_lt, stride_ls,
-               BLOCK_H: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr, O_SCALE: gl.constexpr = 1.0):
-    """Normalise O^T by the softmax denominator (times O_SCALE, the inverse of the value tiles'
-    gain) and store it with the natural-log LSE (rows with no valid entry: zeros and -inf)."""
+               BLOCK_H: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr):
+    """Normalise O^T by the softmax denominator and store it with the natural-log LSE
+    (rows with no valid entry: zeros and -inf)."""
     has = l_i > 0
-    inv = gl.where(has, O_SCALE / gl.where(has, l_i, 1.0), 0.0)
+    inv = gl.where(has, 1.0 / gl.where(has, l_i, 1.0), 0.0)
     lse = gl.where(has, (m_i + gl.log2(gl.where(has, l_i, 1.0))) / 1.4426950408889634, float("-inf"))
     inv_o = gl.expand_dims(gl.convert_layout(inv, gl.SliceLayout(0, o_layout)), 0)
     offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, o_layout))

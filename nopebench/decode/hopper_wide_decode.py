@@ -6,8 +6,8 @@ softmax and output product one after another in the same warps; its phase probes
 (results/reference/decode-tuning/hopper/probes-h64-t512.log) add up. Here three warpgroups run
 at once (the split FlashMLA's SM90 sparse decode uses):
 
-- the producer (one warpgroup) gathers and dequantizes each 64-row block into one of two fp16
-  tiles (`hopper_ws_decode._producer`; q and P are fp16 too, and the tiles hold K * KV_GAIN);
+- the producer (one warpgroup) gathers and dequantizes each 64-row block into one of two bf16
+  tiles (`hopper_ws_decode._producer`, unchanged);
 - the scorer (the default partition) runs S = Q K^T for 64 heads x 64 keys, the online softmax,
   hands P and the per-head rescale factor to the other warpgroup through shared memory, and runs
   the left half of the output product, O[:, :256] = alpha O + P V[:, :256], P from registers;
@@ -32,7 +32,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from nopebench.decode.hopper_decode import TILE, _load_idx, _softmax_step, _stage_q
-from nopebench.decode.hopper_ws_decode import INV_GAIN, _item, _producer, _producer_buffers, _stream
+from nopebench.decode.hopper_ws_decode import _item, _producer, _producer_buffers, _stream
 
 BLOCK_H = gl.constexpr(64)  # heads per program: one wgmma M
 PRODUCER_WARPS = 4  # 16-row ring slots
@@ -69,9 +69,9 @@ def _block_scores(q_smem, kv_bufs, full_bars, i, BLOCK_N: gl.constexpr, s_layout
 
 @gluon.jit
 def _hand_over(p, alpha, p_smem, a_smem, p_full, p_empty, i):
-    """P (fp16) and the rescale factor of block i to the right warpgroup, into the P buffer it
+    """P (bf16) and the rescale factor of block i to the right warpgroup, into the P buffer it
     has finished with. Returns P for this warpgroup's own product."""
-    p16 = p.to(p_smem.dtype)
+    p16 = p.to(gl.bfloat16)
     bufs: gl.constexpr = p_smem.shape[0]
     b = i % bufs
     mbarrier.wait(p_empty.index(b), ((i // bufs) & 1) ^ 1)  # all start free
@@ -162,7 +162,7 @@ def _scorer(out_ptr, lse_ptr, idx_ptr, q_smem, kv_bufs, p_smem, a_smem, inv_smem
     mbarrier.arrive(empty_bars.index(last), count=1)
 
     has = l_i > 0
-    inv = gl.where(has, INV_GAIN / gl.where(has, l_i, 1.0), 0.0)
+    inv = gl.where(has, 1.0 / gl.where(has, l_i, 1.0), 0.0)
     inv_smem.store(inv)
     mbarrier.arrive(fin_bar, count=1)
     _store_half(oa, ob, inv, out_ptr, tok, hb, split, heads, stride_ot, stride_oh, stride_os, 0, o_layout)
@@ -223,12 +223,12 @@ def hopper_wide_decode_kernel(
                                                        instr_shape=[16, TILE, 16])
     q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
     vec: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-    q_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, TILE], gl.float16)
-    p_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_N], gl.float16)
+    q_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, TILE], gl.bfloat16)
+    p_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_N], gl.bfloat16)
 
     raw_k, raw_s, idx_ring, kv_bufs = _producer_buffers(RING_SLOTS, SUB, KV_BUFS, BLOCK_N)
-    q_smem = gl.allocate_shared_memory(gl.float16, [4, BLOCK_H, TILE], q_shared)
-    p_smem = gl.allocate_shared_memory(gl.float16, [P_BUFS, BLOCK_H, BLOCK_N], p_shared)
+    q_smem = gl.allocate_shared_memory(gl.bfloat16, [4, BLOCK_H, TILE], q_shared)
+    p_smem = gl.allocate_shared_memory(gl.bfloat16, [P_BUFS, BLOCK_H, BLOCK_N], p_shared)
     a_smem = gl.allocate_shared_memory(gl.float32, [P_BUFS, BLOCK_H], vec)
     inv_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], vec)
     full_bars = gl.allocate_shared_memory(gl.int64, [KV_BUFS, 1], mbarrier.MBarrierLayout())

@@ -5,9 +5,9 @@ score product, softmax, output product; ncu showed each SM doing one of them at 
 the roles run at once, in partitions that hand tiles over with mbarriers:
 
 - the producer (two warpgroups) gathers rows with cp.async into a ring of 32-row slots and
-  dequantizes each 64-row block (fp8 * tile scale, in fp16: see KV_GAIN) into one of two
-  swizzled tiles. Each slot's copy group also brings the index entries of the rows that will
-  refill it, so no index load is ever waited on;
+  dequantizes each 64-row block (fp8 * tile scale -> bf16, rounded as the reference rounds)
+  into one of two swizzled tiles. Each slot's copy group also brings the index entries of the
+  rows that will refill it, so no index load is ever waited on;
 - with ROLE_SPLIT, a scorer warpgroup runs S^T = K Q^T and the online softmax, and hands P and
   the per-head rescale factor through a double-buffered P tile to an accumulator warpgroup,
   which runs O^T = alpha O^T + K^T P^T and holds O^T. So the scores of block i+1 overlap the
@@ -51,17 +51,7 @@ from nopebench.decode.hopper_decode import (
     _stage_q,
     _write_out,
 )
-from nopebench.decode.native import FP16_KV_GAIN
 
-# The warp-specialised kernels keep K (and q and P) in fp16, not bf16: dequantization is the
-# producer's bound, and in fp16 it takes a third of the instructions (`_dequantize`). The tiles
-# hold K * KV_GAIN, a power of two divided back out exactly in fp32: from the scores by the
-# launcher (qk_scale_log2 arrives divided by it: computed in the kernel, the scorer of the
-# 64-head kernel holds it in a register and Triton 3.9 spills at 128 heads) and from the output
-# by INV_GAIN. The gain keeps the fp16 tile scale normal (full precision) for tiles whose largest
-# value is at least 448 * 2^-14 / 16 = 1.7e-3, and K * 16 finite up to |x| = 65504 / 16 = 4094.
-KV_GAIN = gl.constexpr(FP16_KV_GAIN)
-INV_GAIN = gl.constexpr(1.0 / FP16_KV_GAIN)
 NUM_BUF = gl.constexpr(2)  # dequantized tiles (and P tiles): one being written, one being read
 CONSUMER_WARPS, PRODUCER_WARPS = 4, 8  # each consumer role is one warpgroup
 # setmaxnreg budgets: the producer's dequantization and the scorer's softmax without spilling
@@ -174,7 +164,8 @@ def _producer(cache_ptr, idx_ptr, width, entries_per_split, stride_it, tokens, r
                    raw_k[2].index(slot).load(deq), raw_k[3].index(slot).load(deq))
             for t in gl.static_range(4):
                 scale = gl.convert_layout(gl.sum(gl.where(tile_of == t, scales, 0.0), axis=1), gl.SliceLayout(1, deq))
-                kv_bufs[t].index(b).slice(j * SUB, SUB).store(_dequantize(raw[t], scale))
+                kv = raw[t].to(gl.float8e4nv, bitcast=True).to(gl.float32) * gl.expand_dims(scale, 1)
+                kv_bufs[t].index(b).slice(j * SUB, SUB).store(kv.to(gl.bfloat16))
             # Dequantized: refill the slot with sub-block k + RING_SLOTS (cp.async zero-fills
             # entries past `end`, so the range mask is applied again here).
             _, n1, end1 = _sub_block(k + RING_SLOTS, stream, idx_ptr, width, entries_per_split, stride_it, SUB,
@@ -191,24 +182,16 @@ def _producer(cache_ptr, idx_ptr, width, entries_per_split, stride_it, tokens, r
 
 
 @gluon.jit
-def _dequantize(raw, scale):
-    """fp8 bytes times their row's tile scale and KV_GAIN, in fp16: fp8 -> fp16 is exact, and the
-    product is one fp16 rounding (two instructions a pair of values; in fp32 with one bf16
-    rounding it took six, and fp16 keeps 3 more mantissa bits than bf16)."""
-    return raw.to(gl.float8e4nv, bitcast=True).to(gl.float16) * gl.expand_dims((scale * KV_GAIN).to(gl.float16), 1)
-
-
-@gluon.jit
 def _producer_buffers(RING_SLOTS: gl.constexpr, SUB: gl.constexpr, KV_BUFS: gl.constexpr, BLOCK_N: gl.constexpr):
     """The shared memory `_producer` works in: the gather ring (fp8 tiles, tile scales and the
     index entries of each slot's next refill, RING_SLOTS slots of SUB rows) and the KV_BUFS
-    dequantized fp16 tiles it fills for the consumers' wgmma."""
+    dequantized bf16 tiles it fills for the consumers' wgmma."""
     plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-    kv_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, TILE], gl.float16)
+    kv_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, TILE], gl.bfloat16)
     raw_k = _per_tile(gl.uint8, [RING_SLOTS, SUB, TILE], plain)
     raw_s = gl.allocate_shared_memory(gl.float32, [RING_SLOTS, SUB, 4], plain)
     idx_ring = gl.allocate_shared_memory(gl.int32, [RING_SLOTS, SUB], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    return raw_k, raw_s, idx_ring, _per_tile(gl.float16, [KV_BUFS, BLOCK_N, TILE], kv_shared)
+    return raw_k, raw_s, idx_ring, _per_tile(gl.bfloat16, [KV_BUFS, BLOCK_N, TILE], kv_shared)
 
 
 @gluon.jit
@@ -247,7 +230,7 @@ def _consumer(q_ptr, out_ptr, lse_ptr, idx_ptr, q_smem, kv_bufs, p_smem, full_ba
                                            o0, o1, o2, o3, m_i, l_i, qk_scale_log2, acc_layout)
         mbarrier.arrive(empty_bars.index(i % NUM_BUF), count=1)
     _write_out(o0, o1, o2, o3, m_i, l_i, out_ptr, lse_ptr, tok, hb, split, heads,
-               stride_ot, stride_oh, stride_os, stride_lt, stride_ls, BLOCK_H, acc_layout, acc_layout, INV_GAIN)
+               stride_ot, stride_oh, stride_os, stride_lt, stride_ls, BLOCK_H, acc_layout, acc_layout)
 
 
 @gluon.jit
@@ -273,7 +256,7 @@ def _scorer(q_ptr, idx_ptr, q_smem, kv_bufs, p_smem, a_smem, ml_smem, full_bars,
             s = _scores(q_smem, kv_bufs, full_bars, g, BLOCK_N, BLOCK_H, s_layout)
             p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, qk_scale_log2)
             mbarrier.wait(p_empty.index(b), ((g // NUM_BUF) & 1) ^ 1)  # P tile b is free (both start free)
-            p_smem.index(b).store(p.to(p_smem.dtype))
+            p_smem.index(b).store(p.to(gl.bfloat16))
             a_smem.index(b).store(alpha)
             fence_async_shared()  # P -> the accumulator's wgmma
             mbarrier.arrive(p_full.index(b), count=1)
@@ -309,7 +292,7 @@ def _accumulator(out_ptr, lse_ptr, idx_ptr, kv_bufs, p_smem, a_smem, ml_smem, em
         tok, hb, split, _, _, _ = _item(pid + it * nprog, idx_ptr, width, entries_per_split, stride_it, splits,
                                         HEAD_BLOCKS)
         _write_out(o0, o1, o2, o3, m_i, l_i, out_ptr, lse_ptr, tok, hb, split, heads,
-                   stride_ot, stride_oh, stride_os, stride_lt, stride_ls, BLOCK_H, o_layout, o_layout, INV_GAIN)
+                   stride_ot, stride_oh, stride_os, stride_lt, stride_ls, BLOCK_H, o_layout, o_layout)
 
 
 @gluon.jit
@@ -332,12 +315,12 @@ def hopper_ws_decode_kernel(
                                                          instr_shape=[16, BLOCK_H, 16])
     q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [C_WARPS, 1], [1, 0])
     vec: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-    q_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, TILE], gl.float16)
-    p_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_H], gl.float16)
+    q_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, TILE], gl.bfloat16)
+    p_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_H], gl.bfloat16)
 
     raw_k, raw_s, idx_ring, kv_bufs = _producer_buffers(RING_SLOTS, SUB, NUM_BUF, BLOCK_N)
-    q_smem = gl.allocate_shared_memory(gl.float16, [4, BLOCK_H, TILE], q_shared)
-    p_smem = gl.allocate_shared_memory(gl.float16, [NUM_BUF, BLOCK_N, BLOCK_H], p_shared)
+    q_smem = gl.allocate_shared_memory(gl.bfloat16, [4, BLOCK_H, TILE], q_shared)
+    p_smem = gl.allocate_shared_memory(gl.bfloat16, [NUM_BUF, BLOCK_N, BLOCK_H], p_shared)
     full_bars = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
     empty_bars = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
     for b in gl.static_range(NUM_BUF):

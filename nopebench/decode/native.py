@@ -200,9 +200,6 @@ def plan_hopper_ws(tokens: int, heads: int, width: int, sms: int = DEFAULT_SMS, 
                       max_programs=sms if role_split else 0)
 
 
-# The warp-specialised kernels' fp16 tiles hold K times this power of two (hopper_ws_decode:
-# it keeps small tiles' fp16 scales normal); their launch divides the score scale by it.
-FP16_KV_GAIN = 16.0
 WIDE_BLOCK_H = 64  # hopper_wide: one wgmma M of heads, the output split across two warpgroups
 WIDE_BLOCK_N = 64  # its rows per block (32-row blocks with three tiles measured slower)
 WIDE_KV_BUFS = 2  # dequantized tiles: the producer fills one while the consumers read the other
@@ -322,11 +319,8 @@ def native_decode(q: torch.Tensor, cache: torch.Tensor, indices: torch.Tensor, s
     stride_os = part.stride(0) if plan.splits > 1 else 0
     stride_ls = part_lse.stride(0) if plan.splits > 1 else 0
     grid = plan.grid(tokens)
-    qk_scale_log2 = softmax_scale * k.LOG2E
-    if plan.kernel in ("hopper_ws", "hopper_wide"):
-        qk_scale_log2 /= FP16_KV_GAIN  # their fp16 tiles hold K times the gain
     args = (q, cache, indices, part, part_lse,
-            heads, width, plan.entries_per_split, qk_scale_log2,
+            heads, width, plan.entries_per_split, softmax_scale * k.LOG2E,
             q.stride(0), q.stride(1), indices.stride(0),
             part.stride(-3), part.stride(-2), stride_os, part_lse.stride(-2), stride_ls)
     if plan.kernel == "hopper":
