@@ -375,6 +375,26 @@ def test_native_matches_reference_on_gpu(heads, tokens, width, rope, row_bytes, 
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["triton", "hopper", "hopper_ws", "hopper_wide"])
+@pytest.mark.parametrize("scale_format", ["arbitrary_fp32", "pow2_fp32"])
+@pytest.mark.parametrize("magnitude", [1e-3, 1.0])
+def test_native_meets_the_rule_for_small_and_unit_latents(kernel, scale_format, magnitude):
+    """Both scale formats, and latents of 1e-3 (tile maxima near 3.5e-3) as well as 1. The
+    kernels dequantize as the reference does (fp32 product, one bf16 rounding). A variant with
+    fp16 tiles failed here at 1e-3 with arbitrary_fp32 scales on the H200 (cosine difference
+    7.7e-6, limit 5e-6: fp16 tile scales below 6.1e-5 are subnormal)."""
+    from nopebench.decode.native import native_decode
+
+    heads, tokens = (64, 64) if kernel == "hopper_wide" else (16, 64)
+    q, cache, idx = decode_inputs(heads, tokens, 2176, 0, 528, "cuda", seed=5, rows=8192, magnitude=magnitude,
+                                  scale_format=scale_format)
+    got = native_decode(q, cache, idx, SCALE, 0, gpu_plan(kernel, tokens, heads, 2176, 0))
+    ref, _ = sparse_decode_reference(q, cache, idx, SCALE, 0)
+    cmp = close(got.out, ref)
+    assert cmp.passed, cmp.detail
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("kernel", ["triton", "hopper", "hopper_ws", "hopper_ws_one", "hopper_wide"])
 def test_native_replays_in_a_cuda_graph(kernel):
     from nopebench.decode.native import DecodeBuffers, native_decode
