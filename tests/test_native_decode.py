@@ -394,6 +394,31 @@ def test_native_meets_the_rule_for_small_and_unit_latents(kernel, scale_format, 
     assert cmp.passed, cmp.detail
 
 
+TAIL_COUNTS = (0, 1, 63, 64, 65, 127, 128, 700, 2048, 2051, 2112, 2113, 2176)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["triton", "hopper", "hopper_ws", "hopper_wide"])
+@pytest.mark.parametrize("tokens", [8, 64])
+def test_native_handles_rows_that_end_in_minus_one_padding(kernel, tokens):
+    """Top-k rows of different lengths, each ending in -1 padding (the 64-head kernel skips the
+    trailing blocks that hold no valid entry): lengths on both sides of the 64-entry block
+    edges, an empty row and a full one, one row also with -1 inside."""
+    from nopebench.decode.native import native_decode
+
+    heads = 64 if kernel == "hopper_wide" else 16
+    q, cache, idx = decode_inputs(heads, tokens, 2176, 0, 528, "cuda", seed=11, rows=4096)
+    for t in range(tokens):
+        idx[t, TAIL_COUNTS[t % len(TAIL_COUNTS)]:] = -1
+    got = native_decode(q, cache, idx, SCALE, 0, gpu_plan(kernel, tokens, heads, 2176, 0))
+    ref, lse = sparse_decode_reference(q, cache, idx, SCALE, 0)
+    cmp = close(got.out, ref)
+    assert cmp.passed, cmp.detail
+    finite = torch.isfinite(lse)
+    assert torch.equal(torch.isinf(got.lse), ~finite)
+    assert float((got.lse[finite] - lse[finite]).abs().max()) < 1e-3
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel", ["triton", "hopper", "hopper_ws", "hopper_ws_one", "hopper_wide"])
 def test_native_replays_in_a_cuda_graph(kernel):

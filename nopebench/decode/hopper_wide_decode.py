@@ -32,7 +32,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from nopebench.decode.hopper_decode import TILE, _load_idx, _softmax_step, _stage_q
-from nopebench.decode.hopper_ws_decode import _item, _producer, _producer_buffers, _stream
+from nopebench.decode.hopper_ws_decode import (
+    _item,
+    _producer,
+    _producer_buffers,
+    _stream,
+    blocks_in_use,
+)
 
 BLOCK_H = gl.constexpr(64)  # heads per program: one wgmma M
 PRODUCER_WARPS = 4  # 16-row ring slots
@@ -129,6 +135,7 @@ def _scorer(out_ptr, lse_ptr, idx_ptr, q_smem, kv_bufs, p_smem, a_smem, inv_smem
     pid, nprog, splits, items = _stream(tokens, width, entries_per_split, HEAD_BLOCKS, ONE_SPLIT)
     tok, hb, split, idx_row, start, end = _item(pid, idx_ptr, width, entries_per_split, stride_it, splits,
                                                 HEAD_BLOCKS)
+    blocks = blocks_in_use(idx_row, start, end, BLOCKS, BLOCK_N, 4)
     oa = gl.zeros([BLOCK_H, TILE], gl.float32, o_layout)
     ob = gl.zeros([BLOCK_H, TILE], gl.float32, o_layout)
     mbarrier.wait(q_bar, 0)  # the right warpgroup staged q
@@ -146,7 +153,7 @@ def _scorer(out_ptr, lse_ptr, idx_ptr, q_smem, kv_bufs, p_smem, a_smem, inv_smem
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, qk_scale_log2, KEYS=1)
     p16 = _hand_over(p, alpha, p_smem, a_smem, p_full, p_empty, 0)
-    for i in range(1, BLOCKS):
+    for i in range(1, blocks):
         valid = gl.convert_layout(_load_idx(idx_row, start + i * BLOCK_N, end, BLOCK_N, idx_l) >= 0, keys)
         prev = (i - 1) % bufs
         oa, ob = _half_product(gl.convert_layout(p16, p_regs), kv_bufs, prev, oa, ob, alpha, 0, o_layout)
@@ -156,7 +163,7 @@ def _scorer(out_ptr, lse_ptr, idx_ptr, q_smem, kv_bufs, p_smem, a_smem, inv_smem
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, qk_scale_log2, KEYS=1)
         p16 = _hand_over(p, alpha, p_smem, a_smem, p_full, p_empty, i)
-    last = (BLOCKS - 1) % bufs
+    last = (blocks - 1) % bufs
     oa, ob = _half_product(gl.convert_layout(p16, p_regs), kv_bufs, last, oa, ob, alpha, 0, o_layout)
     oa, ob = warpgroup_mma_wait(num_outstanding=0, deps=(oa, ob))
     mbarrier.arrive(empty_bars.index(last), count=1)
@@ -181,15 +188,17 @@ def _right(q_ptr, out_ptr, idx_ptr, q_smem, kv_bufs, p_smem, a_smem, inv_smem, e
     """Stages q for the scorer (which keeps its registers for the loop), then the right half of
     O from the P the scorer shares; the tile goes back after each block."""
     pid, nprog, splits, items = _stream(tokens, width, entries_per_split, HEAD_BLOCKS, ONE_SPLIT)
-    tok, hb, split, _, _, _ = _item(pid, idx_ptr, width, entries_per_split, stride_it, splits, HEAD_BLOCKS)
+    tok, hb, split, idx_row, start, end = _item(pid, idx_ptr, width, entries_per_split, stride_it, splits,
+                                                HEAD_BLOCKS)
     _stage_q(q_ptr, q_smem, tok, hb, heads, stride_qt, stride_qh, BLOCK_H, q_layout)
     fence_async_shared()  # generic-proxy stores -> the scorer's wgmma
     mbarrier.arrive(q_bar, count=1)
+    blocks = blocks_in_use(idx_row, start, end, BLOCKS, kv_bufs[0].shape[1], 4)
     oa = gl.zeros([BLOCK_H, TILE], gl.float32, o_layout)
     ob = gl.zeros([BLOCK_H, TILE], gl.float32, o_layout)
     bufs: gl.constexpr = kv_bufs[0].shape[0]
     p_bufs: gl.constexpr = p_smem.shape[0]
-    for i in range(BLOCKS):
+    for i in range(blocks):
         pb = i % p_bufs
         mbarrier.wait(p_full.index(pb), (i // p_bufs) & 1)
         alpha = a_smem.index(pb).load(gl.SliceLayout(1, o_layout))
@@ -257,5 +266,5 @@ def hopper_wide_decode_kernel(
                    stride_ot, stride_oh, stride_os, BLOCKS, HEAD_BLOCKS, ONE_SPLIT, o_layout, q_layout)),
          (_producer, (cache_ptr, idx_ptr, width, entries_per_split, stride_it, tokens, raw_k, raw_s, idx_ring,
                       kv_bufs, full_bars, empty_bars, BLOCK_N, BLOCKS, ROW_BYTES, RING_SLOTS, P_WARPS,
-                      HEAD_BLOCKS, ONE_SPLIT))],
+                      HEAD_BLOCKS, ONE_SPLIT, True))],
         [4, P_WARPS], [R_REGS, P_REGS])

@@ -99,15 +99,40 @@ def _item(item, idx_ptr, width, entries_per_split, stride_it, splits, HEAD_BLOCK
 
 
 @gluon.jit
+def blocks_in_use(idx_row, start, end, BLOCKS: gl.constexpr, BLOCK_N: gl.constexpr, WARPS: gl.constexpr):
+    """The item's BLOCK_N-entry blocks up to the last that holds a valid entry (at least one).
+    Top-k rows end in -1 padding (2051 of 2176 entries in the issue's case), and a block of -1
+    entries changes neither O nor the softmax state, so it is skipped. Scans back from the end:
+    one or two loads; every warp loads the whole block, so the max needs no shared memory."""
+    every_warp: gl.constexpr = gl.BlockedLayout([BLOCK_N // 32], [32], [WARPS], [0])
+    n = gl.to_tensor(BLOCKS)
+    if BLOCKS > 1:  # (Triton 3.6 fails to compile the loop when its condition is constant false)
+        empty = n > 1
+        while empty:
+            empty = gl.max(_load_idx(idx_row, start + (n - 1) * BLOCK_N, end, BLOCK_N, every_warp), axis=0) < 0
+            n = gl.where(empty, n - 1, n)
+            empty = empty & (n > 1)
+    return n
+
+
+@gluon.jit
 def _sub_block(k, stream, idx_ptr, width, entries_per_split, stride_it,
-               SUB: gl.constexpr, SUBS_PER_ITEM: gl.constexpr, HEAD_BLOCKS: gl.constexpr):
+               SUB: gl.constexpr, SUBS_PER_ITEM: gl.constexpr, HEAD_BLOCKS: gl.constexpr, ONE_ITEM: gl.constexpr):
     """The k-th SUB-row sub-block of this program's `stream` (`_stream`'s tuple): its index row,
-    first entry and the end of its item's range (0 past the last item, so nothing is gathered)."""
+    first entry and the end of its item's range (0 past the last item, so nothing is gathered).
+    ONE_ITEM (one program per item): sub-blocks past the item start past its end, so the run-time
+    divisions by the sub-blocks per item are not needed."""
     pid, nprog, splits, items = stream
-    item = pid + (k // SUBS_PER_ITEM) * nprog
-    _, _, _, idx_row, start, end = _item(gl.minimum(item, items - 1), idx_ptr, width, entries_per_split, stride_it,
-                                         splits, HEAD_BLOCKS)
-    return idx_row, start + (k % SUBS_PER_ITEM) * SUB, gl.where(item < items, end, 0)
+    if ONE_ITEM:
+        _, _, _, idx_row, start, end = _item(pid, idx_ptr, width, entries_per_split, stride_it, splits, HEAD_BLOCKS)
+        first = start + k * SUB
+    else:
+        item = pid + (k // SUBS_PER_ITEM) * nprog
+        _, _, _, idx_row, start, end = _item(gl.minimum(item, items - 1), idx_ptr, width, entries_per_split,
+                                             stride_it, splits, HEAD_BLOCKS)
+        first = start + (k % SUBS_PER_ITEM) * SUB
+        end = gl.where(item < items, end, 0)
+    return idx_row, first, end
 
 
 @gluon.jit
@@ -122,10 +147,25 @@ def _gather_block(cache_ptr, idx, raw_k, raw_s, slot, idx_row, idx_n0, end, idx_
 
 
 @gluon.jit
+def _tile_scale(scales, tile_of, t: gl.constexpr, AS_INT: gl.constexpr):
+    """Tile t's scale out of each row's four. AS_INT sums them as integers, where adding the
+    other three's zeros folds away (float adds of 0.0 do not: 32 FADD a block); it makes Triton
+    3.9 spill 8 bytes in the persistent producer at 32 heads, so only one-item programs use it."""
+    if AS_INT:
+        bits = gl.where(tile_of == t, scales.to(gl.int32, bitcast=True), 0)
+        return gl.sum(bits, axis=1).to(gl.float32, bitcast=True)
+    else:
+        return gl.sum(gl.where(tile_of == t, scales, 0.0), axis=1)
+
+
+@gluon.jit
 def _producer(cache_ptr, idx_ptr, width, entries_per_split, stride_it, tokens, raw_k, raw_s, idx_ring, kv_bufs,
               full_bars, empty_bars, BLOCK_N: gl.constexpr, BLOCKS: gl.constexpr, ROW_BYTES: gl.constexpr,
-              RING_SLOTS: gl.constexpr, P_WARPS: gl.constexpr, HEAD_BLOCKS: gl.constexpr, ONE_SPLIT: gl.constexpr):
-    """Gathers and dequantizes every block of every item into the tile the consumers freed."""
+              RING_SLOTS: gl.constexpr, P_WARPS: gl.constexpr, HEAD_BLOCKS: gl.constexpr, ONE_SPLIT: gl.constexpr,
+              ONE_ITEM: gl.constexpr):
+    """Gathers and dequantizes every block of every item into the tile the consumers freed.
+    ONE_ITEM: the grid has one program per item, and the item's trailing blocks of -1 entries
+    are skipped (`blocks_in_use`; every role of the kernel skips the same ones)."""
     # The ring holds sub-blocks of SUB rows (one pass of the gather layout), so that while one is
     # being dequantized the other RING_SLOTS - 1 stay in flight. Sub-block k's group also brings
     # the index entries of sub-block k + RING_SLOTS, which refills its slot; the stream runs on
@@ -145,13 +185,18 @@ def _producer(cache_ptr, idx_ptr, width, entries_per_split, stride_it, tokens, r
     stream = _stream(tokens, width, entries_per_split, HEAD_BLOCKS, ONE_SPLIT)
     pid, nprog, splits, items = stream
     for j in gl.static_range(RING_SLOTS):
-        row, n0, end = _sub_block(j, stream, idx_ptr, width, entries_per_split, stride_it, SUB, PER_ITEM, HEAD_BLOCKS)
+        row, n0, end = _sub_block(j, stream, idx_ptr, width, entries_per_split, stride_it, SUB, PER_ITEM, HEAD_BLOCKS, ONE_ITEM)
         nrow, nn0, nend = _sub_block(j + RING_SLOTS, stream, idx_ptr, width, entries_per_split, stride_it, SUB,
-                                     PER_ITEM, HEAD_BLOCKS)
+                                     PER_ITEM, HEAD_BLOCKS, ONE_ITEM)
         _gather_block(cache_ptr, _load_idx(row, n0, end, SUB, rows_g), raw_k, raw_s, j, nrow, nn0, nend, idx_ring,
                       ROW_BYTES, gather, scales_l, idx_l)
     bufs: gl.constexpr = kv_bufs[0].shape[0]  # dequantized tiles the consumers cycle through
-    for g in range(gl.cdiv(items - pid, nprog) * BLOCKS):
+    if ONE_ITEM:  # (a constexpr if: only the taken branch is compiled)
+        item = _item(pid, idx_ptr, width, entries_per_split, stride_it, splits, HEAD_BLOCKS)
+        total = blocks_in_use(item[3], item[4], item[5], BLOCKS, BLOCK_N, P_WARPS)
+    else:
+        total = gl.cdiv(items - pid, nprog) * BLOCKS
+    for g in range(total):
         b = g % bufs
         mbarrier.wait(empty_bars.index(b), ((g // bufs) & 1) ^ 1)  # tile b is free (all start free)
         for j in gl.static_range(SUBS):
@@ -163,17 +208,17 @@ def _producer(cache_ptr, idx_ptr, width, entries_per_split, stride_it, tokens, r
             raw = (raw_k[0].index(slot).load(deq), raw_k[1].index(slot).load(deq),
                    raw_k[2].index(slot).load(deq), raw_k[3].index(slot).load(deq))
             for t in gl.static_range(4):
-                scale = gl.convert_layout(gl.sum(gl.where(tile_of == t, scales, 0.0), axis=1), gl.SliceLayout(1, deq))
+                scale = gl.convert_layout(_tile_scale(scales, tile_of, t, ONE_ITEM), gl.SliceLayout(1, deq))
                 kv = raw[t].to(gl.float8e4nv, bitcast=True).to(gl.float32) * gl.expand_dims(scale, 1)
                 kv_bufs[t].index(b).slice(j * SUB, SUB).store(kv.to(gl.bfloat16))
             # Dequantized: refill the slot with sub-block k + RING_SLOTS (cp.async zero-fills
             # entries past `end`, so the range mask is applied again here).
             _, n1, end1 = _sub_block(k + RING_SLOTS, stream, idx_ptr, width, entries_per_split, stride_it, SUB,
-                                     PER_ITEM, HEAD_BLOCKS)
+                                     PER_ITEM, HEAD_BLOCKS, ONE_ITEM)
             offs = n1 + gl.arange(0, SUB, layout=rows_g)
             idx = gl.where(offs < end1, idx_ring.index(slot).load(rows_g), -1)
             nrow, nn0, nend = _sub_block(k + 2 * RING_SLOTS, stream, idx_ptr, width, entries_per_split, stride_it,
-                                         SUB, PER_ITEM, HEAD_BLOCKS)
+                                         SUB, PER_ITEM, HEAD_BLOCKS, ONE_ITEM)
             _gather_block(cache_ptr, idx, raw_k, raw_s, slot, nrow, nn0, nend, idx_ring, ROW_BYTES, gather,
                           scales_l, idx_l)
         fence_async_shared()  # generic-proxy stores -> the consumers' wgmma (async proxy)
@@ -350,7 +395,7 @@ def hopper_ws_decode_kernel(
                         BLOCK_N, BLOCK_H, BLOCKS, HEAD_BLOCKS, acc_layout, q_layout)),
              (_producer, (cache_ptr, idx_ptr, width, entries_per_split, stride_it, tokens, raw_k, raw_s, idx_ring,
                           kv_bufs, full_bars, empty_bars, BLOCK_N, BLOCKS, ROW_BYTES, RING_SLOTS, P_WARPS,
-                          HEAD_BLOCKS, False))],
+                          HEAD_BLOCKS, False, False))],
             [C_WARPS, P_WARPS], [S_REGS, P_REGS])
     else:
         gl.warp_specialize(
@@ -360,5 +405,5 @@ def hopper_ws_decode_kernel(
                           BLOCK_N, BLOCK_H, BLOCKS, HEAD_BLOCKS, acc_layout, q_layout)),
              (_producer, (cache_ptr, idx_ptr, width, entries_per_split, stride_it, tokens, raw_k, raw_s, idx_ring,
                           kv_bufs, full_bars, empty_bars, BLOCK_N, BLOCKS, ROW_BYTES, RING_SLOTS, P_WARPS,
-                          HEAD_BLOCKS, False))],
+                          HEAD_BLOCKS, False, False))],
             [P_WARPS], [P_REGS])
