@@ -17,7 +17,8 @@ Not swapped (heads on the M side, 64 fill a wgmma): each warpgroup's half of O i
 fp32, 128 registers a thread, and the softmax reduces within thread quads. Shared memory is
 full (q 64 KB, two tiles 128 KB, the ring, one P tile), and so are the registers; the H200
 record is results/reference/decode-tuning/hopper-wide/. One program per (query token, head
-block, split); same output buffers as `hopper_decode.hopper_decode_kernel`.
+block, split), so every role can skip the same trailing blocks of -1 entries (`blocks_in_use`);
+same output buffers as `hopper_decode.hopper_decode_kernel`.
 """
 
 from __future__ import annotations

@@ -254,9 +254,9 @@ def use_hopper_ws(tokens: int, heads: int, rope_dim: int) -> bool:
 
 def use_hopper_wide(single_role: LaunchPlan, rope_dim: int) -> bool:
     """NoPE rows where the single-role planner takes 64 heads per program: there the 64-head
-    kernel was 1.03-1.44x faster in the H200's full grid at a9218e0 (64 heads x 512 tokens: 0.431
-    against 0.603 ms; 64 heads x 8 tokens: 0.032 against 0.037; 0.424 and 0.032 at c83102f,
-    results/reference/h200-bench-decode-full/).
+    kernel was 1.03-1.44x faster than the single-role one in the H200's full grid at a9218e0 (64
+    heads x 512 tokens: 0.431 against 0.603 ms; 64 heads x 8 tokens: 0.032 against 0.037); at
+    07b4e7b it took 0.410 and 0.029 (results/reference/h200-bench-decode-full/).
     Where the planner takes fewer heads to fill the SMs (1 token) the single-role kernel stays
     (0.0121 against 0.0136 ms at 64 heads, results/reference/decode-tuning/hopper-wide/)."""
     return not rope_dim and single_role.block_h == WIDE_BLOCK_H
