@@ -102,8 +102,11 @@ def _item(item, idx_ptr, width, entries_per_split, stride_it, splits, HEAD_BLOCK
 def blocks_in_use(idx_row, start, end, BLOCKS: gl.constexpr, BLOCK_N: gl.constexpr, WARPS: gl.constexpr):
     """The item's BLOCK_N-entry blocks up to the last that holds a valid entry (at least one).
     Top-k rows end in -1 padding (2051 of 2176 entries in the issue's case), and a block of -1
-    entries changes neither O nor the softmax state, so it is skipped. Scans back from the end:
-    one or two loads; every warp loads the whole block, so the max needs no shared memory."""
+    entries changes neither O nor the softmax state, so it is skipped. Scans back from the end,
+    one dependent 64-entry load per block: two in the issue's case, but one per skipped block
+    plus one on a short row (24 for 700 of 2176; each skipped block still saves its gathers and
+    products). Every
+    warp loads the whole block, so the max needs no shared memory."""
     every_warp: gl.constexpr = gl.BlockedLayout([BLOCK_N // 32], [32], [WARPS], [0])
     n = gl.to_tensor(BLOCKS)
     if BLOCKS > 1:  # (Triton 3.6 fails to compile the loop when its condition is constant false)
