@@ -105,8 +105,7 @@ def blocks_in_use(idx_row, start, end, BLOCKS: gl.constexpr, BLOCK_N: gl.constex
     entries changes neither O nor the softmax state, so it is skipped. Scans back from the end,
     one dependent 64-entry load per block: two in the issue's case, but one per skipped block
     plus one on a short row (24 for 700 of 2176; each skipped block still saves its gathers and
-    products). Every
-    warp loads the whole block, so the max needs no shared memory."""
+    products). Every warp loads the whole block, so the max needs no shared memory."""
     every_warp: gl.constexpr = gl.BlockedLayout([BLOCK_N // 32], [32], [WARPS], [0])
     n = gl.to_tensor(BLOCKS)
     if BLOCKS > 1:  # (Triton 3.6 fails to compile the loop when its condition is constant false)
@@ -188,7 +187,8 @@ def _producer(cache_ptr, idx_ptr, width, entries_per_split, stride_it, tokens, r
     stream = _stream(tokens, width, entries_per_split, HEAD_BLOCKS, ONE_SPLIT)
     pid, nprog, splits, items = stream
     for j in gl.static_range(RING_SLOTS):
-        row, n0, end = _sub_block(j, stream, idx_ptr, width, entries_per_split, stride_it, SUB, PER_ITEM, HEAD_BLOCKS, ONE_ITEM)
+        row, n0, end = _sub_block(j, stream, idx_ptr, width, entries_per_split, stride_it, SUB, PER_ITEM,
+                                  HEAD_BLOCKS, ONE_ITEM)
         nrow, nn0, nend = _sub_block(j + RING_SLOTS, stream, idx_ptr, width, entries_per_split, stride_it, SUB,
                                      PER_ITEM, HEAD_BLOCKS, ONE_ITEM)
         _gather_block(cache_ptr, _load_idx(row, n0, end, SUB, rows_g), raw_k, raw_s, j, nrow, nn0, nend, idx_ring,
