@@ -48,7 +48,7 @@ def build(
     force: Annotated[bool, typer.Option("--force", help="Rebuild even when the source hash is unchanged.")] = False,
 ) -> None:
     """Compile the CUDA cache kernels (cached by source hash); --compile-only also the SM90 decode kernel."""
-    from nopebench.cache_kernels import build_command
+    from nopebench.commands.build import build_command
 
     _dispatch(lambda: build_command(arch=arch, compile_only=compile_only, force=force))
 
@@ -64,7 +64,7 @@ def verify_layout(
     json_out: JsonOpt = False,
 ) -> None:
     """Write random rows into a sentinel-filled cache and check every byte of the fp8_ds_mla layout."""
-    from nopebench.layout_command import verify_layout_command
+    from nopebench.commands.verify_layout import verify_layout_command
 
     _dispatch(lambda: verify_layout_command(model, impl, tokens, seed, sweep, results_dir, json_out))
 
@@ -77,7 +77,7 @@ def check_pagetable(
     json_out: JsonOpt = False,
 ) -> None:
     """Check the sparse page table is sized by the top-k buffer width, with FlashInfer's own validation."""
-    from nopebench.sparse.pagetable import check_pagetable_command
+    from nopebench.checks.pagetable import check_pagetable_command
 
     _dispatch(lambda: check_pagetable_command(model, seed, results_dir, json_out))
 
@@ -92,7 +92,7 @@ def bench_decode(
     json_out: JsonOpt = False,
 ) -> None:
     """Check, then time, sparse MLA decode: native NoPE against the zero-padded shim and FlashInfer."""
-    from nopebench.decode.bench import bench_decode_command
+    from nopebench.commands.bench_decode import bench_decode_command
 
     _dispatch(lambda: bench_decode_command(config, impl, quick, baseline, results_dir, json_out))
 
@@ -105,7 +105,7 @@ def bench_cache(
     json_out: JsonOpt = False,
 ) -> None:
     """Throughput of the CUDA cache write and gather/upconvert kernels against the torch reference."""
-    from nopebench.cache_bench import bench_cache_command
+    from nopebench.bench.cache import bench_cache_command
 
     _dispatch(lambda: bench_cache_command(tokens, quick, results_dir, json_out))
 
@@ -120,7 +120,7 @@ def gsm8k(
     results_dir: ResultsOpt = None,
 ) -> None:
     """GSM8K through lm-eval against an OpenAI-compatible server (launched or given)."""
-    from nopebench.gsm8k.command import gsm8k_command
+    from nopebench.commands.gsm8k import gsm8k_command
 
     _dispatch(lambda: gsm8k_command(config, base_url, limit, data, resume, results_dir))
 
@@ -132,7 +132,7 @@ def run(
     results_dir: ResultsOpt = None,
 ) -> None:
     """The main job: every check this machine can run, then a report."""
-    from nopebench.runall import run_command
+    from nopebench.commands.run import run_command
 
     _dispatch(lambda: run_command(model, gsm8k_config, results_dir))
 

@@ -165,7 +165,7 @@ def section_pagetable(run: Path, assets: Path) -> str:
 
 
 def section_bench_decode(run: Path, assets: Path) -> str:
-    from nopebench.decode import acceptance
+    from nopebench.bench import acceptance
     from nopebench.plots import decode_plots
 
     df = _csv(run, "results.csv")

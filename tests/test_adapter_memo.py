@@ -8,8 +8,8 @@ import gc
 
 import torch
 
-from nopebench.sparse import flashinfer_adapters as fa
-from nopebench.sparse.interface import DecodeProblem
+from nopebench.impls import flashinfer as fa
+from nopebench.impls.interface import DecodeProblem
 
 
 def _problem() -> DecodeProblem:
@@ -45,10 +45,10 @@ def test_fa3_accuracy_class_still_catches_the_prefix_truncation():
     does) must fail even FlashInfer fa3's looser class, by a wide margin."""
     import dataclasses
 
+    from nopebench.checks import pagetable as pt
     from nopebench.compare import close
     from nopebench.config import load_model_config
-    from nopebench.sparse import pagetable as pt
-    from nopebench.sparse.reference import sparse_decode_reference
+    from nopebench.impls.reference import sparse_decode_reference
 
     cfg = load_model_config("glm53-flash")
     case = dataclasses.replace(pt.model_case(cfg, 4, 0), empty_rows=0)

@@ -12,9 +12,9 @@ import pytest
 from typer.testing import CliRunner
 
 from nopebench.cache_kernels import build as b
-from nopebench.cache_kernels import command
 from nopebench.cache_kernels.library import ABI_VERSION, declare
 from nopebench.cli import app
+from nopebench.commands import build as command
 from nopebench.errors import UnsupportedError, UsageError
 
 HAS_NVCC = b.find_nvcc() is not None

@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from nopebench import geometry as g
-from nopebench import layout, rowformat
+from nopebench import rowformat
 from nopebench.cache_kernels import build as b
 from nopebench.cache_kernels import ops
+from nopebench.checks import layout
 
 needs_nvcc = pytest.mark.skipif(b.find_nvcc() is None, reason="nvcc not found")
 FORMATS = rowformat.SCALE_FORMATS

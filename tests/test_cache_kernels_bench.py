@@ -11,9 +11,10 @@ import pytest
 import torch
 
 import nopebench.cache_kernels as ck
-from nopebench import cache_bench as cb
 from nopebench import geometry as g
-from nopebench import rowformat, timing
+from nopebench import rowformat
+from nopebench.bench import cache as cb
+from nopebench.bench import timing
 from nopebench.errors import UnsupportedError, UsageError
 
 

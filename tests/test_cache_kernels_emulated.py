@@ -13,10 +13,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from nopebench import layout
 from nopebench.cache_kernels import boundary, ops
 from nopebench.cache_kernels import build as b
 from nopebench.cache_kernels.library import ABI_VERSION, declare
+from nopebench.checks import layout
 from nopebench.config import load_model_config
 
 CXX = shutil.which("g++") or shutil.which("c++")

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from nopebench import geometry as g
-from nopebench import layout, rowformat
+from nopebench import rowformat
 from nopebench.cache_kernels import boundary, ops
+from nopebench.checks import layout
 from nopebench.config import load_model_config
 
 pytestmark = pytest.mark.gpu

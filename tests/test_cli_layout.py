@@ -12,7 +12,8 @@ import torch
 from typer.testing import CliRunner
 
 from nopebench import geometry as g
-from nopebench import layout, rowformat
+from nopebench import rowformat
+from nopebench.checks import layout
 from nopebench.cli import app
 from nopebench.config import REPO_ROOT
 from nopebench.records import read_run
@@ -84,7 +85,7 @@ def test_sweep_flag_runs_the_grid(tmp_path, monkeypatch):
     def fast_grid(model, seed=0):  # the grid's shape, at sizes a unit test can afford
         return small(model, seed, tokens=(1, 65))
 
-    monkeypatch.setattr("nopebench.layout_command.sweep_cases", fast_grid)
+    monkeypatch.setattr("nopebench.commands.verify_layout.sweep_cases", fast_grid)
     result = invoke("--sweep", "--results-dir", str(tmp_path))
     assert result.exit_code == 0, result.stderr
     header = read_run(run_dirs(tmp_path)[0])

@@ -11,9 +11,9 @@ import pytest
 import torch
 import yaml
 
-from nopebench.config import load_model_config, resolve_config_path
-from nopebench.decode import acceptance, runner
-from nopebench.decode.cases import (
+from nopebench.bench import acceptance
+from nopebench.bench import decode_runner as runner
+from nopebench.bench.decode_cases import (
     BenchConfig,
     DecodeCase,
     build_cache,
@@ -21,11 +21,12 @@ from nopebench.decode.cases import (
     load_bench_config,
     make_problem,
 )
+from nopebench.bench.timing import Ceilings, Timing
+from nopebench.config import load_model_config, resolve_config_path
 from nopebench.errors import UsageError
+from nopebench.impls.interface import DecodeOutput, ImplSpec
+from nopebench.impls.registry import reference_spec
 from nopebench.plots import decode_plots
-from nopebench.sparse.backends import reference_spec
-from nopebench.sparse.interface import DecodeOutput, ImplSpec
-from nopebench.timing import Ceilings, Timing
 
 CEIL = Ceilings(copy_gbps=4000.0, matmul_tflops=700.0)
 
@@ -101,7 +102,7 @@ def _run(monkeypatch, specs, mode="nope"):
 
 
 def _ref(problem):
-    from nopebench.sparse.reference import sparse_decode_reference
+    from nopebench.impls.reference import sparse_decode_reference
 
     return sparse_decode_reference(problem.q, problem.cache, problem.indices, problem.softmax_scale, problem.rope_dim)[0]
 

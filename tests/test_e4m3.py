@@ -14,7 +14,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from nopebench import e4m3, rowformat
-from nopebench.layout import decode_e4m3
+from nopebench.checks.layout import decode_e4m3
 
 PROPERTY = settings(max_examples=60, deadline=None)
 

@@ -10,8 +10,8 @@ import pytest
 from fake_openai_server import FakeOpenAIServer, write_dataset
 from gsm8k_helpers import cache_rows, isolate_hf_cache, only_run, read_json, write_config
 
+from nopebench.commands.gsm8k import gsm8k_command
 from nopebench.errors import EXIT_CHECK_FAILED, EXIT_OK
-from nopebench.gsm8k.command import gsm8k_command
 
 # Ten problems, one script each: 8 strict-match right, 9 flexible-extract right, 1 invalid.
 SCRIPTS = {

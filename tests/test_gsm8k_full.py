@@ -12,9 +12,9 @@ import pytest
 from fake_openai_server import FakeOpenAIServer, read_dataset, write_dataset
 from gsm8k_helpers import isolate_hf_cache, only_run, read_json, write_config
 
+from nopebench.commands.gsm8k import gsm8k_command
 from nopebench.config import REPO_ROOT
 from nopebench.errors import EXIT_OK
-from nopebench.gsm8k.command import gsm8k_command
 
 REAL_DATA = REPO_ROOT.parent / "shared" / "data" / "gsm8k"
 N_TEST = 1319

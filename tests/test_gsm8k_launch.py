@@ -22,8 +22,8 @@ from gsm8k_helpers import (
     write_config,
 )
 
+from nopebench.commands.gsm8k import gsm8k_command
 from nopebench.errors import EXIT_OK, UsageError
-from nopebench.gsm8k.command import gsm8k_command
 from nopebench.gsm8k.config import LaunchConfig
 from nopebench.gsm8k.server import launched_server
 

@@ -20,9 +20,9 @@ from gsm8k_helpers import (
     write_config,
 )
 
+from nopebench.commands.gsm8k import gsm8k_command
 from nopebench.config import REPO_ROOT
 from nopebench.errors import EXIT_OK, UsageError
-from nopebench.gsm8k.command import gsm8k_command
 
 CACHE = "requests_rank0.db"
 
@@ -126,7 +126,7 @@ def test_resume_refuses_a_different_evaluation(tmp_path):
 
 
 def test_ctrl_c_records_the_run_as_interrupted_with_the_resume_command(tmp_path, monkeypatch, capsys):
-    import nopebench.gsm8k.command as command
+    import nopebench.commands.gsm8k as command
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt

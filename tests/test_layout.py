@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nopebench import geometry as g
-from nopebench import layout, rowformat
+from nopebench import rowformat
+from nopebench.checks import layout
 from nopebench.config import load_model_config
 
 MODELS = {name: load_model_config(name) for name in ("glm53-flash", "glm5", "dsv32")}

@@ -9,12 +9,13 @@ import pandas as pd
 import pytest
 import torch
 
+from nopebench.checks import pagetable
 from nopebench.config import load_model_config
 from nopebench.errors import EXIT_CHECK_FAILED, EXIT_OK, UsageError
+from nopebench.impls import metadata
+from nopebench.impls.interface import DecodeOutput, ImplSpec
+from nopebench.impls.reference import sparse_decode_reference
 from nopebench.records import read_run
-from nopebench.sparse import metadata, pagetable
-from nopebench.sparse.interface import DecodeOutput, ImplSpec
-from nopebench.sparse.reference import sparse_decode_reference
 
 GLM53 = load_model_config("glm53-flash")
 

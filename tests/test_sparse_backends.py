@@ -7,14 +7,15 @@ import dataclasses
 import pytest
 import torch
 
-from nopebench import compare, environment, rowformat
+from nopebench import compare, environment, rowformat, signatures
 from nopebench import geometry as g
+from nopebench.checks.pagetable import build_problem, model_case
 from nopebench.config import load_model_config
 from nopebench.errors import UnsupportedError, UsageError
-from nopebench.sparse import backends, flashinfer_adapters, signatures
-from nopebench.sparse.interface import DecodeOutput, ImplSpec
-from nopebench.sparse.pagetable import build_problem, model_case
-from nopebench.sparse.reference import sparse_decode_reference
+from nopebench.impls import flashinfer as flashinfer_adapters
+from nopebench.impls import registry as backends
+from nopebench.impls.interface import DecodeOutput, ImplSpec
+from nopebench.impls.reference import sparse_decode_reference
 
 EXPECTED = ["reference", "native", "flashinfer-sm120", "flashinfer-trtllm", "flashinfer-fa3-bf16", "flashinfer-fa3-fp8"]
 H200 = {"gpu": "NVIDIA H200", "sm": 90}

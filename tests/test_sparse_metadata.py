@@ -12,7 +12,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from nopebench import geometry as g
 from nopebench.config import load_model_config
-from nopebench.sparse import metadata as md
+from nopebench.impls import metadata as md
 
 # --- slow references -----------------------------------------------------------------------------
 

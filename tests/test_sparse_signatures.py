@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nopebench.sparse import signatures
+from nopebench import signatures
 
 SM120_TEXT = "SM120 sparse MLA v32/GLM expects sparse block_tables shape (512, 1, 2048), got (512, 1, 2176)"
 TRTLLM_TEXT = "Expected page_table.shape == (512, 1, 2048), got torch.Size([512, 1, 2176])"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from nopebench.checks import flashinfer_validation as fv
 from nopebench.config import load_model_config
-from nopebench.sparse import flashinfer_validation as fv
-from nopebench.sparse import metadata as md
+from nopebench.impls import metadata as md
 
 UPSTREAM = "SM120 sparse MLA v32/GLM expects sparse block_tables shape (512, 1, 2048), got (512, 1, 2176)"
 GLM53 = load_model_config("glm53-flash")

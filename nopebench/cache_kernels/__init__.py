@@ -1,4 +1,4 @@
-"""CUDA implementation of the fp8_ds_mla cache write and gather/upconvert (issue 3).
+"""CUDA implementation of the fp8_ds_mla cache write and gather/upconvert.
 
 A plain CUDA library (kernels/cache_kernels.cu) built by `nopebench build` or on first use,
 called through ctypes. `write_cache` and `gather_upconvert` have exactly the reference's
@@ -7,7 +7,6 @@ signatures (nopebench.rowformat) and are held to it bit for bit by verify-layout
 
 from __future__ import annotations
 
-from nopebench.cache_kernels.command import build_command
 from nopebench.cache_kernels.ops import (
     gather_upconvert,
     gather_upconvert_into,
@@ -15,4 +14,4 @@ from nopebench.cache_kernels.ops import (
     write_cache_unchecked,
 )
 
-__all__ = ["build_command", "gather_upconvert", "gather_upconvert_into", "write_cache", "write_cache_unchecked"]
+__all__ = ["gather_upconvert", "gather_upconvert_into", "write_cache", "write_cache_unchecked"]

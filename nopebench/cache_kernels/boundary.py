@@ -20,8 +20,9 @@ import numpy as np
 import torch
 
 from nopebench import geometry as g
-from nopebench import layout, rowformat
+from nopebench import rowformat
 from nopebench.cache_kernels import ops
+from nopebench.checks import layout
 
 BOUNDARY_TOKENS = (1, 63, 64, 65)
 ROW_KINDS = ((g.NOPE_ROW_BYTES, 0), (g.FULL_ROW_BYTES, 0), (g.FULL_ROW_BYTES, g.ROPE_DIM))

@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 from nopebench import console as out
 from nopebench.errors import UsageError
 from nopebench.gsm8k.config import LaunchConfig
-from nopebench.sparse.signatures import explain
+from nopebench.signatures import explain
 
 POLL_S = 0.5
 TAIL_LINES = 30

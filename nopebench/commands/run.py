@@ -48,32 +48,32 @@ def steps(model: str, gsm8k_config: str | None) -> list[Step]:
     never loads its dependencies."""
 
     def build(root: Path) -> int:
-        from nopebench.cache_kernels import build_command
+        from nopebench.commands.build import build_command
 
         return build_command(arch=None, compile_only=False, force=False)
 
     def verify(root: Path) -> int:
-        from nopebench.layout_command import verify_layout_command
+        from nopebench.commands.verify_layout import verify_layout_command
 
         return verify_layout_command(model, "all", 4096, 0, False, root, False)
 
     def pagetable(root: Path) -> int:
-        from nopebench.sparse.pagetable import check_pagetable_command
+        from nopebench.checks.pagetable import check_pagetable_command
 
         return check_pagetable_command(model, 0, root, False)
 
     def decode(root: Path) -> int:
-        from nopebench.decode.bench import bench_decode_command
+        from nopebench.commands.bench_decode import bench_decode_command
 
         return bench_decode_command("h200-nope", None, True, None, root, False)
 
     def cache(root: Path) -> int:
-        from nopebench.cache_bench import DEFAULT_TOKENS, bench_cache_command
+        from nopebench.bench.cache import DEFAULT_TOKENS, bench_cache_command
 
         return bench_cache_command(DEFAULT_TOKENS, True, root, False)
 
     def gsm8k(root: Path) -> int:
-        from nopebench.gsm8k.command import gsm8k_command
+        from nopebench.commands.gsm8k import gsm8k_command
 
         return gsm8k_command(gsm8k_config, None, None, None, None, root)
 

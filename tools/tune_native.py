@@ -20,9 +20,11 @@ from pathlib import Path
 
 import torch
 
+from nopebench.bench.decode_cases import build_cache
+from nopebench.bench.timing import measure_ceilings, time_gpu
 from nopebench.compare import close
-from nopebench.decode.cases import build_cache
-from nopebench.decode.native import (
+from nopebench.environment import environment_header
+from nopebench.impls.native.plans import (
     LaunchPlan,
     native_decode,
     plan_hopper,
@@ -30,10 +32,8 @@ from nopebench.decode.native import (
     plan_hopper_ws,
     plan_launch,
 )
-from nopebench.environment import environment_header
+from nopebench.impls.reference import sparse_decode_reference
 from nopebench.records import write_csv, write_json
-from nopebench.sparse.reference import sparse_decode_reference
-from nopebench.timing import measure_ceilings, time_gpu
 
 ROWS = 1 << 20
 WIDTH, ACTIVE = 2176, 2051

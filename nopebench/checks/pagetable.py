@@ -25,14 +25,16 @@ from typing import Any
 
 import torch
 
-from nopebench import compare, rowformat
+from nopebench import compare, rowformat, signatures
 from nopebench import console as out
 from nopebench import geometry as g
+from nopebench.checks import flashinfer_validation
 from nopebench.config import ModelConfig, load_model_config
 from nopebench.errors import EXIT_CHECK_FAILED, EXIT_OK
+from nopebench.impls import metadata
+from nopebench.impls import registry as backends
+from nopebench.impls.interface import DecodeOutput, DecodeProblem, ImplSpec
 from nopebench.records import RunDir, write_csv, write_json
-from nopebench.sparse import backends, flashinfer_validation, metadata, signatures
-from nopebench.sparse.interface import DecodeOutput, DecodeProblem, ImplSpec
 
 CONTROL_MODEL = "dsv32"
 GRID_TOPK = (512, 1024, 2048)

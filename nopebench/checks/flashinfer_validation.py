@@ -28,11 +28,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from nopebench import environment
+from nopebench import environment, signatures
 from nopebench import geometry as g
 from nopebench.config import ModelConfig
-from nopebench.sparse import signatures
-from nopebench.sparse.metadata import PageTableSizing
+from nopebench.impls.metadata import PageTableSizing
 
 DEVICE_STOP_MESSAGE = "device must be a cuda device"
 DEVICE_STOP_FRAME = "_trtllm_batch_decode_sparse_mla_sm120"  # the runner the validator hands to

@@ -5,7 +5,7 @@ of implementations from `implementations()`; nothing routes by name with if/elif
 entry that this machine cannot run stays listed and says why in one line (`unsupported`), so
 tables can show it as refused rather than silently missing.
 
-The `native` entry belongs to `nopebench.decode.native` (`native_spec()`); it is imported lazily
+The `native` entry belongs to `nopebench.impls.native.plans` (`native_spec()`); it is imported lazily
 and, when that import fails, listed with the import failure as its reason.
 """
 
@@ -14,13 +14,12 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterable
 
-from nopebench import environment
+from nopebench import environment, signatures
 from nopebench.errors import UnsupportedError, UsageError
-from nopebench.sparse import signatures
-from nopebench.sparse.interface import DecodeOutput, DecodeProblem, DecodeRun, ImplSpec
-from nopebench.sparse.reference import sparse_decode_reference
+from nopebench.impls.interface import DecodeOutput, DecodeProblem, DecodeRun, ImplSpec
+from nopebench.impls.reference import sparse_decode_reference
 
-NATIVE_MODULE = "nopebench.decode.native"
+NATIVE_MODULE = "nopebench.impls.native.plans"
 
 
 def gpu_refusal(impl: str, sms: Iterable[int], need: str) -> str | None:
@@ -79,7 +78,7 @@ def native_spec() -> ImplSpec:
 
 def implementations() -> dict[str, ImplSpec]:
     """Every implementation the harness knows, in display order, keyed by name."""
-    from nopebench.sparse import flashinfer_adapters as fa
+    from nopebench.impls import flashinfer as fa
 
     specs = [reference_spec(), native_spec(), *fa.flashinfer_specs()]
     return {spec.name: spec for spec in specs}

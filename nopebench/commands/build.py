@@ -53,7 +53,7 @@ def build_command(arch: str | None, compile_only: bool, force: bool, root=DEFAUL
 def build_native_hopper() -> int:
     """Compile the SM90 decode kernels in each planned shape; exit 1 if one spills, lacks wgmma
     or outgrows the shared memory the planner assumed. On a GPU the kernels compile when they run."""
-    from nopebench.decode import hopper_build
+    from nopebench.impls.native import build as hopper_build
 
     title = "nopebench build: native decode kernels (Gluon, sm_90)"
     if (reason := hopper_build.gluon_missing()) is not None:

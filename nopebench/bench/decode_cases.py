@@ -26,7 +26,7 @@ from nopebench.config import (
     load_model_config,
     resolve_config_path,
 )
-from nopebench.sparse.interface import DecodeProblem
+from nopebench.impls.interface import DecodeProblem
 
 Mode = Literal["nope", "nope-pool", "shim"]
 MODE_LAYOUT: dict[str, tuple[int, int]] = {  # mode -> (rope_dim, row_bytes)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from nopebench.decode.native import (
+from nopebench.impls.native.plans import (
     HOPPER_SMEM,
     hopper_smem_bytes,
     plan_hopper_wide,
@@ -91,7 +91,7 @@ def gluon_missing() -> str | None:
     try:
         from triton.experimental.gluon._runtime import GluonASTSource  # noqa: F401
 
-        from nopebench.decode import hopper_decode  # noqa: F401
+        from nopebench.impls.native import hopper_decode  # noqa: F401
     except ImportError as exc:
         return f"needs a Triton with Gluon ({exc})"
     return None
@@ -123,7 +123,7 @@ def _compile(kernel, constants: dict, options: dict) -> tuple[object, float, int
 
 def compile_shape(block_h: int, block_n: int, stages: int, rope: bool) -> KernelBuild:
     """The single-role kernel in one shape."""
-    from nopebench.decode import hopper_decode
+    from nopebench.impls.native import hopper_decode
 
     constants = dict(BLOCK_H=block_h, BLOCK_N=block_n, ROW_BYTES=656 if rope else 528, ROPE=rope, HEAD_BLOCKS=1,
                      NUM_STAGES=stages, S_WARPS_M=score_warps_m(block_n))
@@ -135,7 +135,7 @@ def compile_shape(block_h: int, block_n: int, stages: int, rope: bool) -> Kernel
 
 def compile_ws_shape(heads: int, tokens: int, role_split: bool | None = None) -> KernelBuild:
     """The warp-specialised kernel as `plan_hopper_ws` launches it for `heads` x `tokens`."""
-    from nopebench.decode import hopper_ws_decode as ws
+    from nopebench.impls.native import hopper_ws_decode as ws
 
     plan = plan_hopper_ws(tokens, heads, 2176, role_split=role_split)
     constants, options = ws.launch_constants(plan, 528)
@@ -148,7 +148,7 @@ def compile_ws_shape(heads: int, tokens: int, role_split: bool | None = None) ->
 
 def compile_wide_shape(heads: int, tokens: int) -> KernelBuild:
     """The 64-head kernel as `plan_hopper_wide` launches it for `heads` x `tokens`."""
-    from nopebench.decode import hopper_wide_decode as wide
+    from nopebench.impls.native import hopper_wide_decode as wide
 
     plan = plan_hopper_wide(tokens, heads, 2176)
     constants, options = wide.launch_constants(plan, 528)

@@ -5,9 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from nopebench import console as out
+from nopebench.checks.layout import (
+    IMPLEMENTATIONS,
+    LayoutReport,
+    model_case,
+    sweep_cases,
+    verify_layout,
+)
 from nopebench.config import load_model_config
 from nopebench.errors import EXIT_CHECK_FAILED, EXIT_OK, UnsupportedError, UsageError
-from nopebench.layout import IMPLEMENTATIONS, LayoutReport, model_case, sweep_cases, verify_layout
 from nopebench.records import RunDir, write_csv, write_json
 
 

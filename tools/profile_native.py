@@ -15,8 +15,8 @@ import dataclasses
 
 import torch
 
-from nopebench.decode.cases import build_cache
-from nopebench.decode.native import native_decode, plan_hopper, plan_hopper_ws, plan_launch
+from nopebench.bench.decode_cases import build_cache
+from nopebench.impls.native.plans import native_decode, plan_hopper, plan_hopper_ws, plan_launch
 
 
 def main() -> None:

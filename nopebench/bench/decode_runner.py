@@ -16,12 +16,12 @@ from dataclasses import asdict
 import torch
 
 from nopebench import compare
+from nopebench.bench.decode_cases import BenchConfig, DecodeCase, build_cache, make_problem
+from nopebench.bench.timing import Ceilings, rotation_count, time_gpu
 from nopebench.config import ModelConfig
-from nopebench.decode.cases import BenchConfig, DecodeCase, build_cache, make_problem
-from nopebench.sparse import backends
-from nopebench.sparse.interface import DecodeOutput, ImplSpec
-from nopebench.sparse.reference import sparse_decode_reference
-from nopebench.timing import Ceilings, rotation_count, time_gpu
+from nopebench.impls import registry as backends
+from nopebench.impls.interface import DecodeOutput, ImplSpec
+from nopebench.impls.reference import sparse_decode_reference
 
 LSE_ABS_TOL = 1e-3  # natural-log LSE of fp32 softmax sums: rounding is far below this
 

@@ -13,7 +13,7 @@ mkdir -p "$OUTDIR"
 status=0
 python3 - <<'PY' 2>&1 | tee "$OUTDIR/copy_probe.log"
 import torch
-from nopebench.timing import time_gpu
+from nopebench.bench.timing import time_gpu
 for gib in (1, 2, 4):
     n = gib << 30
     src = torch.randint(0, 256, (n,), dtype=torch.uint8, device="cuda"); dst = torch.empty_like(src)

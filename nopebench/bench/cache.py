@@ -171,7 +171,7 @@ def calls_for(op: str, impl: str, sets: list[InputSet], tokens: int, v: Variant)
 def measure(tokens: int, v: Variant, budget_s: float, copy_gbps: float, l2_bytes: int | None,
             device: str = "cuda") -> list[dict]:
     """Rows for one (tokens, variant): both ops, both implementations, checked first."""
-    from nopebench import timing
+    from nopebench.bench import timing
 
     gen = torch.Generator(device=device).manual_seed(tokens * 1000 + v.row_bytes + v.rope_dim)
     per_set = min(op_bytes("write", tokens, v), op_bytes("gather", tokens, v))
@@ -213,8 +213,8 @@ def fill_cache(s: InputSet) -> None:
 
 
 def run_bench(tokens: tuple[int, ...], budget_s: float, progress: Callable[[str], None] | None = None) -> tuple[list[dict], dict]:
+    from nopebench.bench.timing import measure_ceilings
     from nopebench.environment import gpu_info
-    from nopebench.timing import measure_ceilings
 
     ceilings = measure_ceilings()
     l2 = gpu_info().get("l2_bytes")

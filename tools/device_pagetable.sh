@@ -40,7 +40,7 @@ step "check-pagetable" python3 -m nopebench check-pagetable --model configs/mode
     --results-dir "$RESULTS_ROOT"
 
 step "fa3 adapter smoke test" python3 -c '
-from nopebench.sparse.pagetable import smoke_main
+from nopebench.checks.pagetable import smoke_main
 raise SystemExit(smoke_main(["flashinfer-fa3-bf16", "flashinfer-fa3-fp8"]))'
 
 step "tests" python3 -m pytest -q -p no:cacheprovider tests/test_sparse_*.py tests/test_pagetable*.py

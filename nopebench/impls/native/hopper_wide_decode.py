@@ -32,8 +32,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from nopebench.decode.hopper_decode import TILE, _load_idx, _softmax_step, _stage_q
-from nopebench.decode.hopper_ws_decode import (
+from nopebench.impls.native.hopper_decode import TILE, _load_idx, _softmax_step, _stage_q
+from nopebench.impls.native.hopper_ws_decode import (
     _item,
     _producer,
     _producer_buffers,
@@ -52,7 +52,7 @@ LAUNCH_REGS = 65536 // (32 * (8 + PRODUCER_WARPS)) // 8 * 8
 
 def launch_constants(plan, row_bytes: int) -> tuple[dict, dict]:
     """Constexprs and launch options for a `native.plan_hopper_wide` plan (launcher and build)."""
-    from nopebench.decode.native import WIDE_KV_BUFS, WIDE_P_BUFS
+    from nopebench.impls.native.plans import WIDE_KV_BUFS, WIDE_P_BUFS
 
     constants = dict(BLOCK_N=plan.block_n, ROW_BYTES=row_bytes, HEAD_BLOCKS=plan.head_blocks,
                      ONE_SPLIT=plan.splits == 1,

@@ -7,11 +7,11 @@ import dataclasses
 
 import torch
 
+from nopebench.checks import pagetable as pt
 from nopebench.compare import close
 from nopebench.config import load_model_config
-from nopebench.sparse import backends
-from nopebench.sparse import pagetable as pt
-from nopebench.sparse.reference import sparse_decode_reference
+from nopebench.impls import registry as backends
+from nopebench.impls.reference import sparse_decode_reference
 
 cfg = load_model_config("glm53-flash")
 for tokens, empty in [(512, 2), (512, 0), (256, 0), (128, 2), (128, 0)]:

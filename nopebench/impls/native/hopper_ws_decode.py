@@ -37,7 +37,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from nopebench.decode.hopper_decode import (
+from nopebench.impls.native.hopper_decode import (
     TILE,
     _attend,
     _copy_rows,

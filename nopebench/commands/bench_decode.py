@@ -9,14 +9,14 @@ import pandas as pd
 import torch
 
 from nopebench import console as out
-from nopebench.decode import acceptance
-from nopebench.decode.cases import BenchConfig, grid, load_bench_config, model_for
-from nopebench.decode.runner import run_grid
+from nopebench.bench import acceptance
+from nopebench.bench.decode_cases import BenchConfig, grid, load_bench_config, model_for
+from nopebench.bench.decode_runner import run_grid
+from nopebench.bench.timing import measure_ceilings
 from nopebench.errors import EXIT_CHECK_FAILED, EXIT_OK, UnsupportedError, UsageError
+from nopebench.impls import registry as backends
 from nopebench.plots import decode_plots
 from nopebench.records import RunDir, write_csv, write_json
-from nopebench.sparse import backends
-from nopebench.timing import measure_ceilings
 
 
 def resolve_impls(cfg: BenchConfig, requested: list[str] | None) -> list[str]:

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import torch
 
 from nopebench import geometry as g
-from nopebench.sparse.interface import DecodeOutput, DecodeProblem, DecodeRun, ImplSpec
-from nopebench.sparse.reference import check_decode_args
+from nopebench.impls.interface import DecodeOutput, DecodeProblem, DecodeRun, ImplSpec
+from nopebench.impls.reference import check_decode_args
 
 DEFAULT_SMS = 132  # H200/H100 SXM; the real count is read from the device when there is one
 
@@ -239,7 +239,7 @@ def hopper_available(device) -> bool:
     if torch.cuda.get_device_capability(device)[0] != 9:
         return False
     try:
-        from nopebench.decode import hopper_decode  # noqa: F401
+        from nopebench.impls.native import hopper_decode  # noqa: F401
     except ImportError:
         return False
     return True
@@ -302,7 +302,7 @@ class DecodeBuffers:
 def native_decode(q: torch.Tensor, cache: torch.Tensor, indices: torch.Tensor, softmax_scale: float,
                   rope_dim: int, plan: LaunchPlan | None = None, buffers: DecodeBuffers | None = None) -> DecodeOutput:
     """Sparse decode over packed rows. Same contract as `sparse_decode_reference`."""
-    from nopebench.decode import triton_decode as k
+    from nopebench.impls.native import triton_decode as k
 
     check_decode_args(q, cache, indices, rope_dim)
     if q.stride(-1) != 1 or indices.stride(-1) != 1:
@@ -324,21 +324,21 @@ def native_decode(q: torch.Tensor, cache: torch.Tensor, indices: torch.Tensor, s
             q.stride(0), q.stride(1), indices.stride(0),
             part.stride(-3), part.stride(-2), stride_os, part_lse.stride(-2), stride_ls)
     if plan.kernel == "hopper":
-        from nopebench.decode import hopper_decode
+        from nopebench.impls.native import hopper_decode
 
         hopper_decode.hopper_decode_kernel[grid](
             *args, BLOCK_H=plan.block_h, BLOCK_N=plan.block_n, ROW_BYTES=cache.shape[-1], ROPE=bool(rope_dim),
             HEAD_BLOCKS=plan.head_blocks, NUM_STAGES=plan.num_stages, S_WARPS_M=score_warps_m(plan.block_n),
             num_warps=plan.num_warps)
     elif plan.kernel == "hopper_wide":
-        from nopebench.decode import hopper_wide_decode as wide
+        from nopebench.impls.native import hopper_wide_decode as wide
 
         if rope_dim:
             raise ValueError("the 64-head kernel reads NoPE rows only")
         constants, options = wide.launch_constants(plan, cache.shape[-1])
         wide.hopper_wide_decode_kernel[grid](*args, tokens, **constants, **options)
     elif plan.kernel == "hopper_ws":
-        from nopebench.decode import hopper_ws_decode as ws
+        from nopebench.impls.native import hopper_ws_decode as ws
 
         if rope_dim:
             raise ValueError("the warp-specialised kernel reads NoPE rows only")
