@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from nopebench.commands import options as o
 from nopebench.errors import EXIT_USAGE, UsageError
 
 app = typer.Typer(
@@ -20,6 +21,7 @@ app = typer.Typer(
 )
 
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Model config: a YAML path or a name under configs/models/.")]
+BenchModelOpt = Annotated[str | None, typer.Option("--model", "-m", help="Model config, replacing the bench config's.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Also print the result records as JSON on stdout.")]
 ResultsOpt = Annotated[Path | None, typer.Option("--results-dir", help="Root for run directories (default: results/).")]
 
@@ -48,43 +50,46 @@ def build(
     force: Annotated[bool, typer.Option("--force", help="Rebuild even when the source hash is unchanged.")] = False,
 ) -> None:
     """Compile the CUDA cache kernels (cached by source hash); --compile-only also the SM90 decode kernel."""
-    from nopebench.commands.build import build_command
+    from nopebench.commands import build as command
 
-    _dispatch(lambda: build_command(arch=arch, compile_only=compile_only, force=force))
+    _dispatch(lambda: command.execute(o.BuildOptions(arch=arch, compile_only=compile_only, force=force)))
 
 
 @app.command("verify-layout")
 def verify_layout(
-    model: ModelOpt = "glm53-flash",
-    impl: Annotated[str, typer.Option(help="reference, cuda or all.")] = "reference",
-    tokens: Annotated[int, typer.Option(min=1, max=1 << 20, help="Tokens written per case.")] = 4096,
+    model: ModelOpt = o.DEFAULT_MODEL,
+    impl: Annotated[str, typer.Option(help="reference, cuda or all.")] = o.VerifyLayoutOptions.impl,
+    tokens: Annotated[int, typer.Option(min=1, max=1 << 20, help="Tokens written per case.")] = o.VerifyLayoutOptions.tokens,
     seed: Annotated[int, typer.Option(help="Base seed; each case derives its own from its id.")] = 0,
     sweep: Annotated[bool, typer.Option("--sweep", help="The full grid: T x block size x row size x scale format.")] = False,
     results_dir: ResultsOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Write random rows into a sentinel-filled cache and check every byte of the fp8_ds_mla layout."""
-    from nopebench.commands.verify_layout import verify_layout_command
+    from nopebench.commands import verify_layout as command
 
-    _dispatch(lambda: verify_layout_command(model, impl, tokens, seed, sweep, results_dir, json_out))
+    opts = o.VerifyLayoutOptions(model, impl, tokens, seed, sweep, o.Output(results_dir, json_out))
+    _dispatch(lambda: command.execute(opts))
 
 
 @app.command("check-pagetable")
 def check_pagetable(
-    model: ModelOpt = "glm53-flash",
+    model: ModelOpt = o.DEFAULT_MODEL,
     seed: Annotated[int, typer.Option(help="Seed for the random decode checks.")] = 0,
     results_dir: ResultsOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Check the sparse page table is sized by the top-k buffer width, with FlashInfer's own validation."""
-    from nopebench.checks.pagetable import check_pagetable_command
+    from nopebench.commands import check_pagetable as command
 
-    _dispatch(lambda: check_pagetable_command(model, seed, results_dir, json_out))
+    opts = o.CheckPagetableOptions(model, seed, o.Output(results_dir, json_out))
+    _dispatch(lambda: command.execute(opts))
 
 
 @app.command("bench-decode")
 def bench_decode(
-    config: Annotated[str, typer.Option("--config", "-c", help="Bench config: a YAML path or a name under configs/bench/.")] = "h200-nope",
+    config: Annotated[str, typer.Option("--config", "-c", help="Bench config: a YAML path or a name under configs/bench/.")] = o.DEFAULT_BENCH_CONFIG,
+    model: BenchModelOpt = None,
     impl: Annotated[list[str] | None, typer.Option(help="Implementations to run (repeat); default: the config's.")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="A small grid and short timing budget.")] = False,
     baseline: Annotated[Path | None, typer.Option(help="A previous bench-decode results.csv to mark regressions against.")] = None,
@@ -92,22 +97,28 @@ def bench_decode(
     json_out: JsonOpt = False,
 ) -> None:
     """Check, then time, sparse MLA decode: native NoPE against the zero-padded shim and FlashInfer."""
-    from nopebench.commands.bench_decode import bench_decode_command
+    from nopebench.commands import bench_decode as command
 
-    _dispatch(lambda: bench_decode_command(config, impl, quick, baseline, results_dir, json_out))
+    opts = o.BenchDecodeOptions(config=config, model=model, impls=tuple(impl or ()), quick=quick,
+                                baseline=baseline, output=o.Output(results_dir, json_out))
+    _dispatch(lambda: command.execute(opts))
 
 
 @app.command("bench-cache")
 def bench_cache(
-    tokens: Annotated[str, typer.Option(help="Comma-separated token counts.")] = "1024,4096,16384,65536,262144",
+    tokens: Annotated[str | None, typer.Option(help="Comma-separated token counts (default: "
+                                                 f"{','.join(map(str, o.DEFAULT_CACHE_TOKENS))}; "
+                                                 f"--quick: {','.join(map(str, o.QUICK_CACHE_TOKENS))}).")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="Fewer sizes and a short timing budget.")] = False,
     results_dir: ResultsOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Throughput of the CUDA cache write and gather/upconvert kernels against the torch reference."""
-    from nopebench.bench.cache import bench_cache_command
+    from nopebench.commands import bench_cache as command
 
-    _dispatch(lambda: bench_cache_command(tokens, quick, results_dir, json_out))
+    _dispatch(lambda: command.execute(o.BenchCacheOptions(
+        tokens=o.parse_token_list(tokens) if tokens else None, quick=quick,
+        output=o.Output(results_dir, json_out))))
 
 
 @app.command()
@@ -120,21 +131,21 @@ def gsm8k(
     results_dir: ResultsOpt = None,
 ) -> None:
     """GSM8K through lm-eval against an OpenAI-compatible server (launched or given)."""
-    from nopebench.commands.gsm8k import gsm8k_command
+    from nopebench.commands import gsm8k as command
 
-    _dispatch(lambda: gsm8k_command(config, base_url, limit, data, resume, results_dir))
+    _dispatch(lambda: command.execute(o.Gsm8kOptions(config, base_url, limit, data, resume, results_dir)))
 
 
 @app.command()
 def run(
-    model: ModelOpt = "glm53-flash",
+    model: ModelOpt = o.DEFAULT_MODEL,
     gsm8k_config: Annotated[str | None, typer.Option("--gsm8k", help="Also run GSM8K with this config.")] = None,
     results_dir: ResultsOpt = None,
 ) -> None:
     """The main job: every check this machine can run, then a report."""
-    from nopebench.commands.run import run_command
+    from nopebench.commands import run as command
 
-    _dispatch(lambda: run_command(model, gsm8k_config, results_dir))
+    _dispatch(lambda: command.execute(o.RunOptions(model, gsm8k_config, results_dir)))
 
 
 @app.command()
@@ -144,9 +155,9 @@ def report(
     results_dir: ResultsOpt = None,
 ) -> None:
     """Turn run directories into one Markdown report with PNG plots."""
-    from nopebench.report import report_command
+    from nopebench.commands import report as command
 
-    _dispatch(lambda: report_command(runs, output, results_dir))
+    _dispatch(lambda: command.execute(o.ReportOptions(tuple(runs or ()), output, results_dir)))
 
 
 def main() -> None:

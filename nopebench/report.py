@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from nopebench import console as out
-from nopebench.errors import EXIT_OK, UsageError
-from nopebench.records import DEFAULT_RESULTS, RUN_FILE, read_run
+from nopebench.errors import UsageError
+from nopebench.records import RUN_FILE, read_run
 
 KIND_ORDER = ("run", "verify-layout", "check-pagetable", "bench-decode", "bench-cache", "gsm8k")
 EXCLUDED_KINDS = {"report"}
@@ -270,18 +269,3 @@ def build_report(runs: list[Path], out_dir: Path) -> Path:
     tmp.write_text("\n".join(parts), encoding="utf-8")
     tmp.replace(path)
     return path
-
-
-def report_command(runs: list[Path] | None, output: Path | None, results_dir: Path | None) -> int:
-    from nopebench.records import RunDir
-
-    root = Path(results_dir) if results_dir else DEFAULT_RESULTS
-    chosen = collect_runs(runs, root)
-    if output is None:
-        target = RunDir.create("report", root)
-        path = build_report(chosen, target.path)
-        target.finish("passed", {"runs": [str(p) for p in chosen], "report": str(path)})
-    else:
-        path = build_report(chosen, Path(output))
-    out.console.print(f"report: {path}")
-    return EXIT_OK

@@ -15,6 +15,7 @@ from nopebench.cache_kernels import build as b
 from nopebench.cache_kernels.library import ABI_VERSION, declare
 from nopebench.cli import app
 from nopebench.commands import build as command
+from nopebench.commands.options import BuildOptions
 from nopebench.errors import UnsupportedError, UsageError
 
 HAS_NVCC = b.find_nvcc() is not None
@@ -165,14 +166,14 @@ def test_build_command_prints_compiler_output_then_raises(monkeypatch, capsys):
 
     monkeypatch.setattr(command, "build_libraries", failing)
     with pytest.raises(UsageError, match="nvcc failed for sm_90a"):
-        command.build_command(arch=None, compile_only=True, force=False)
+        command.execute(BuildOptions(arch=None, compile_only=True, force=False))
     assert "1 error detected" in capsys.readouterr().err
 
 
 def test_build_without_gpu_needs_compile_only(monkeypatch):
     monkeypatch.setattr(command, "_local_target", lambda: None)
     with pytest.raises(UnsupportedError, match="--compile-only"):
-        command.build_command(arch=None, compile_only=False, force=False)
+        command.execute(BuildOptions(arch=None, compile_only=False, force=False))
 
 
 def test_cli_rejects_a_bad_arch_with_exit_2():
@@ -194,7 +195,7 @@ def test_missing_nvcc_is_unsupported(monkeypatch):
 def test_compile_only_builds_three_loadable_libraries(capsys):
     """What `make ci` runs: sm_90a, sm_100a and sm_120a, each a shared library whose embedded
     device code is for its target and whose C ABI answers (no GPU needed to load it)."""
-    assert command.build_command(arch=None, compile_only=True, force=False) == 0
+    assert command.execute(BuildOptions(arch=None, compile_only=True, force=False)) == 0
     table = capsys.readouterr().out
     assert "native decode kernels (Gluon, sm_90)" in table  # compiled within budget, or said why not
     results = b.build_libraries(b.COMPILE_ONLY_TARGETS)  # cached now: no nvcc call

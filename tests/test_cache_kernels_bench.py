@@ -15,16 +15,26 @@ from nopebench import geometry as g
 from nopebench import rowformat
 from nopebench.bench import cache as cb
 from nopebench.bench import timing
+from nopebench.commands import bench_cache
+from nopebench.commands.options import (
+    DEFAULT_CACHE_TOKENS,
+    MAX_CACHE_TOKENS,
+    QUICK_CACHE_TOKENS,
+    BenchCacheOptions,
+    Output,
+    parse_token_list,
+)
 from nopebench.errors import UnsupportedError, UsageError
 
 
 def test_parse_tokens():
-    assert cb.parse_tokens("1024, 4096,1024", quick=False) == (1024, 4096)
-    assert cb.parse_tokens(cb.DEFAULT_TOKENS, quick=True) == cb.QUICK_TOKENS
-    assert cb.parse_tokens("77", quick=True) == (77,)
-    for bad in ("", "0", "-5", "1k", "1.5", str(cb.MAX_TOKENS + 1)):
+    assert parse_token_list("1024, 4096,1024") == (1024, 4096)
+    assert BenchCacheOptions(quick=True).token_counts() == QUICK_CACHE_TOKENS
+    assert BenchCacheOptions(quick=False).token_counts() == DEFAULT_CACHE_TOKENS
+    assert BenchCacheOptions((77,), quick=True).token_counts() == (77,)
+    for bad in ("", "0", "-5", "1k", "1.5", str(MAX_CACHE_TOKENS + 1)):
         with pytest.raises(UsageError):
-            cb.parse_tokens(bad, quick=False)
+            parse_token_list(bad)
 
 
 def test_bytes_are_the_fewest_each_op_moves():
@@ -105,9 +115,9 @@ def test_summary_marks_the_targets():
 def test_command_without_gpu_is_one_line_unsupported(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(UnsupportedError, match="needs a CUDA GPU"):
-        cb.bench_cache_command(cb.DEFAULT_TOKENS, quick=False, results_dir=None, json_out=False)
-    with pytest.raises(UsageError, match="--tokens"):  # bad input is reported first
-        cb.bench_cache_command("x", quick=False, results_dir=None, json_out=False)
+        bench_cache.execute(BenchCacheOptions())
+    with pytest.raises(UsageError, match="--tokens"):  # bad input is reported by the parser
+        parse_token_list("x")
 
 
 def test_command_writes_long_format_records(tmp_path, monkeypatch, capsys):
@@ -118,7 +128,7 @@ def test_command_writes_long_format_records(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr("nopebench.cache_kernels.library.load_library", lambda device: None)
     monkeypatch.setattr("nopebench.environment.gpu_info", lambda: {"gpu": "fake", "sm": 90, "driver": None, "cuda_runtime": None})
     monkeypatch.setattr(cb, "run_bench", lambda sizes, budget, progress: (rows, cb.summarize(rows, {"copy_gbps": 1900.0, "matmul_tflops": 1.0})))
-    assert cb.bench_cache_command("65536", quick=False, results_dir=tmp_path, json_out=False) == 0
+    assert bench_cache.execute(BenchCacheOptions((65536,), output=Output(tmp_path))) == 0
     run_dir = next((tmp_path / "bench-cache").iterdir())
     table = pd.read_csv(run_dir / "results.csv")
     assert list(table["impl"]) == ["cuda", "torch"] and (table["run_id"] == run_dir.name).all()

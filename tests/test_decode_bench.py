@@ -25,7 +25,7 @@ from nopebench.bench.timing import Ceilings, Timing
 from nopebench.config import load_model_config, resolve_config_path
 from nopebench.errors import UsageError
 from nopebench.impls.interface import DecodeOutput, ImplSpec
-from nopebench.impls.registry import reference_spec
+from nopebench.impls.reference import reference_spec
 from nopebench.plots import decode_plots
 
 CEIL = Ceilings(copy_gbps=4000.0, matmul_tflops=700.0)

@@ -10,7 +10,8 @@ import pytest
 from fake_openai_server import FakeOpenAIServer, write_dataset
 from gsm8k_helpers import cache_rows, isolate_hf_cache, only_run, read_json, write_config
 
-from nopebench.commands.gsm8k import gsm8k_command
+from nopebench.commands import gsm8k
+from nopebench.commands.options import Gsm8kOptions
 from nopebench.errors import EXIT_CHECK_FAILED, EXIT_OK
 
 # Ten problems, one script each: 8 strict-match right, 9 flexible-extract right, 1 invalid.
@@ -38,7 +39,7 @@ def test_scripted_answers_give_exact_metrics(tmp_path, api):
     scripts = {problems[i].question: s for i, s in SCRIPTS.items()}
     with FakeOpenAIServer(problems, scripts) as server:
         cfg = write_config(tmp_path / "cfg.yaml", server.base_url, api=api, threshold=0.8)
-        code = gsm8k_command(str(cfg), None, None, tmp_path / "data", None, tmp_path / "results")
+        code = gsm8k.execute(Gsm8kOptions(str(cfg), None, None, tmp_path / "data", None, tmp_path / "results"))
         received, answered = server.snapshot()
         payloads = list(server.payloads)
 
@@ -88,7 +89,7 @@ def test_below_threshold_exits_1(tmp_path):
     scripts = {problems[0].question: ["wrong"]}
     with FakeOpenAIServer(problems, scripts) as server:
         cfg = write_config(tmp_path / "cfg.yaml", server.base_url, threshold=0.76)
-        code = gsm8k_command(str(cfg), None, None, tmp_path / "data", None, tmp_path / "results")
+        code = gsm8k.execute(Gsm8kOptions(str(cfg), None, None, tmp_path / "data", None, tmp_path / "results"))
     assert code == EXIT_CHECK_FAILED
     run = only_run(tmp_path / "results")
     assert read_json(run / "run.json")["status"] == "failed"
@@ -101,7 +102,7 @@ def test_limit_and_base_url_override_one_request_at_a_time(tmp_path):
     with FakeOpenAIServer(problems) as server:
         cfg = write_config(tmp_path / "cfg.yaml", "http://127.0.0.1:9", threshold=1.0,  # URL overridden below
                            num_concurrent=1)
-        code = gsm8k_command(str(cfg), server.base_url, 5, tmp_path / "data", None, tmp_path / "results")
+        code = gsm8k.execute(Gsm8kOptions(str(cfg), server.base_url, 5, tmp_path / "data", None, tmp_path / "results"))
         received, _ = server.snapshot()
     assert code == EXIT_OK
     assert sum(received.values()) == 5

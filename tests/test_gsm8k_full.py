@@ -12,7 +12,8 @@ import pytest
 from fake_openai_server import FakeOpenAIServer, read_dataset, write_dataset
 from gsm8k_helpers import isolate_hf_cache, only_run, read_json, write_config
 
-from nopebench.commands.gsm8k import gsm8k_command
+from nopebench.commands import gsm8k
+from nopebench.commands.options import Gsm8kOptions
 from nopebench.config import REPO_ROOT
 from nopebench.errors import EXIT_OK
 
@@ -50,7 +51,7 @@ def test_known_fraction_of_1319_gives_exactly_that_strict_match(tmp_path):
     with FakeOpenAIServer(problems, scripts, model="nvidia/GLM-5.3-Flash-NVFP4") as server:
         cfg = write_config(tmp_path / "cfg.yaml", server.base_url, model="nvidia/GLM-5.3-Flash-NVFP4",
                            num_concurrent=32, timeout_s=600, threshold=0.75)
-        code = gsm8k_command(str(cfg), None, None, data, None, tmp_path / "results")
+        code = gsm8k.execute(Gsm8kOptions(str(cfg), None, None, data, None, tmp_path / "results"))
         received, answered = server.snapshot()
 
     summary = read_json(only_run(tmp_path / "results") / "run.json")["summary"]

@@ -22,7 +22,8 @@ from gsm8k_helpers import (
     write_config,
 )
 
-from nopebench.commands.gsm8k import gsm8k_command
+from nopebench.commands import gsm8k
+from nopebench.commands.options import Gsm8kOptions
 from nopebench.errors import EXIT_OK, UsageError
 from nopebench.gsm8k.config import LaunchConfig
 from nopebench.gsm8k.server import launched_server
@@ -56,7 +57,7 @@ def test_launched_server_is_used_then_its_whole_group_stopped(tmp_path):
     script = (f"echo $$ > {tmp_path}/leader; sleep 300 & echo $! > {tmp_path}/worker; "
               f"exec {sys.executable} {FAKE_SERVER} --port {{port}} --data {tmp_path / 'data'}")
     cfg = _launch_config(tmp_path, _shell(script))
-    assert gsm8k_command(str(cfg), None, None, tmp_path / "data", None, tmp_path / "results") == EXIT_OK
+    assert gsm8k.execute(Gsm8kOptions(str(cfg), None, None, tmp_path / "data", None, tmp_path / "results")) == EXIT_OK
     run = only_run(tmp_path / "results")
     assert read_json(run / "run.json")["summary"]["strict_match"] == 1.0
     assert "serving fake-model" in (run / "server.log").read_text()
@@ -70,7 +71,7 @@ def test_early_exit_shows_the_log_tail_and_names_the_missing_fix(tmp_path, capsy
             "raise SystemExit(3)")
     cfg = _launch_config(tmp_path, [sys.executable, "-c", code])
     with pytest.raises(UsageError) as err:
-        gsm8k_command(str(cfg), None, None, _data(tmp_path), None, tmp_path / "results")
+        gsm8k.execute(Gsm8kOptions(str(cfg), None, None, _data(tmp_path), None, tmp_path / "results"))
     message = str(err.value)
     assert "\n" not in message
     assert "exited with code 3 before it was ready" in message
@@ -84,7 +85,7 @@ def test_early_exit_shows_the_log_tail_and_names_the_missing_fix(tmp_path, capsy
 def test_startup_timeout_stops_the_server(tmp_path):
     cfg = _launch_config(tmp_path, _shell(f"echo $$ > {tmp_path}/leader; exec sleep 300"), startup_timeout_s=1.0)
     with pytest.raises(UsageError, match=r"was not ready after 1 s"):
-        gsm8k_command(str(cfg), None, None, _data(tmp_path), None, tmp_path / "results")
+        gsm8k.execute(Gsm8kOptions(str(cfg), None, None, _data(tmp_path), None, tmp_path / "results"))
     assert process_gone(_pid(tmp_path / "leader"))
 
 
@@ -95,7 +96,7 @@ def test_server_dying_mid_run_is_explained_and_resumable(tmp_path):
     text = cfg.read_text().replace("max_retries: 3", "max_retries: 2")
     cfg.write_text(text)
     with pytest.raises(UsageError) as err:
-        gsm8k_command(str(cfg), None, None, tmp_path / "data", None, tmp_path / "results")
+        gsm8k.execute(Gsm8kOptions(str(cfg), None, None, tmp_path / "data", None, tmp_path / "results"))
     message = str(err.value)
     run = only_run(tmp_path / "results")
     kept = int(re.search(r"with (\d+) of 8 answers kept", message).group(1))
@@ -131,11 +132,11 @@ def test_launch_refuses_a_port_already_in_use(tmp_path):
         cfg = write_config(tmp_path / "cfg.yaml", other.base_url,
                            server={"base_url": other.base_url, "launch": {"command": ["true"]}})
         with pytest.raises(UsageError, match=f"something already listens at {other.base_url}"):
-            gsm8k_command(str(cfg), None, None, _data(tmp_path), None, tmp_path / "results")
+            gsm8k.execute(Gsm8kOptions(str(cfg), None, None, _data(tmp_path), None, tmp_path / "results"))
     assert not (tmp_path / "results").exists()
 
 
 def test_a_launch_command_that_cannot_start_is_one_line(tmp_path):
     cfg = _launch_config(tmp_path, [str(tmp_path / "no-such-vllm"), "serve", "m"])
     with pytest.raises(UsageError, match=r"cannot start the server '.*no-such-vllm' \(No such file or directory\)"):
-        gsm8k_command(str(cfg), None, None, _data(tmp_path), None, tmp_path / "results")
+        gsm8k.execute(Gsm8kOptions(str(cfg), None, None, _data(tmp_path), None, tmp_path / "results"))

@@ -20,7 +20,8 @@ from gsm8k_helpers import (
     write_config,
 )
 
-from nopebench.commands.gsm8k import gsm8k_command
+from nopebench.commands import gsm8k
+from nopebench.commands.options import Gsm8kOptions
 from nopebench.config import REPO_ROOT
 from nopebench.errors import EXIT_OK, UsageError
 
@@ -39,7 +40,7 @@ def test_hard_failure_keeps_answers_and_resume_asks_only_the_rest(tmp_path):
     with FakeOpenAIServer(problems, {failing: ["http500_last"]}) as server:
         cfg = write_config(tmp_path / "cfg.yaml", server.base_url, max_retries=2)
         with pytest.raises(UsageError) as err:
-            gsm8k_command(str(cfg), None, None, tmp_path / "data", None, results)
+            gsm8k.execute(Gsm8kOptions(str(cfg), None, None, tmp_path / "data", None, results))
         message = str(err.value)
         failed_run = only_run(results)
         assert "\n" not in message
@@ -53,7 +54,7 @@ def test_hard_failure_keeps_answers_and_resume_asks_only_the_rest(tmp_path):
         assert server.snapshot()[0][failing] == 2  # both attempts reached the server
 
         server.scripts[failing] = ["correct"]
-        code = gsm8k_command(str(cfg), None, None, tmp_path / "data", failed_run, results)
+        code = gsm8k.execute(Gsm8kOptions(str(cfg), None, None, tmp_path / "data", failed_run, results))
         received, answered = server.snapshot()
 
     assert code == EXIT_OK
@@ -95,7 +96,7 @@ def test_killed_run_resumes_with_each_question_answered_once(tmp_path):
         assert len(hung) == 4
 
         server.set_hang_after(None)
-        code = gsm8k_command(str(cfg), None, None, tmp_path / "data", killed_run, results)
+        code = gsm8k.execute(Gsm8kOptions(str(cfg), None, None, tmp_path / "data", killed_run, results))
         received, answered = server.snapshot()
 
     assert code == EXIT_OK
@@ -111,16 +112,16 @@ def test_resume_refuses_a_different_evaluation(tmp_path):
     results = tmp_path / "results"
     with FakeOpenAIServer(problems) as server:
         cfg = write_config(tmp_path / "cfg.yaml", server.base_url)
-        assert gsm8k_command(str(cfg), None, None, tmp_path / "data", None, results) == EXIT_OK
+        assert gsm8k.execute(Gsm8kOptions(str(cfg), None, None, tmp_path / "data", None, results)) == EXIT_OK
         first = only_run(results)
         other = write_config(tmp_path / "other.yaml", server.base_url, num_fewshot=3)
         with pytest.raises(UsageError, match=r"that run used num_fewshot = 5, this one 3"):
-            gsm8k_command(str(other), None, None, tmp_path / "data", first, results)
+            gsm8k.execute(Gsm8kOptions(str(other), None, None, tmp_path / "data", first, results))
         with pytest.raises(UsageError, match=r"not a gsm8k run directory"):
-            gsm8k_command(str(cfg), None, None, tmp_path / "data", tmp_path, results)
+            gsm8k.execute(Gsm8kOptions(str(cfg), None, None, tmp_path / "data", tmp_path, results))
         # The same evaluation resumed after it finished asks nothing at all.
         before = sum(server.snapshot()[0].values())
-        assert gsm8k_command(str(cfg), None, None, tmp_path / "data", first, results) == EXIT_OK
+        assert gsm8k.execute(Gsm8kOptions(str(cfg), None, None, tmp_path / "data", first, results)) == EXIT_OK
         assert sum(server.snapshot()[0].values()) == before
     assert len(run_dirs(results)) == 2
 
@@ -136,7 +137,7 @@ def test_ctrl_c_records_the_run_as_interrupted_with_the_resume_command(tmp_path,
     with FakeOpenAIServer(problems) as server:
         cfg = write_config(tmp_path / "cfg.yaml", server.base_url)
         with pytest.raises(KeyboardInterrupt):
-            gsm8k_command(str(cfg), None, None, tmp_path / "data", None, tmp_path / "results")
+            gsm8k.execute(Gsm8kOptions(str(cfg), None, None, tmp_path / "data", None, tmp_path / "results"))
     run = only_run(tmp_path / "results")
     record = read_json(run / "run.json")
     assert record["status"] == "interrupted" and record["summary"]["resume"].endswith(f"--resume {run}")

@@ -15,16 +15,14 @@ from native_cases import decode_inputs
 
 from nopebench.compare import close
 from nopebench.impls.native import build as hopper_build
+from nopebench.impls.native.adapter import use_hopper_wide, use_hopper_ws
+from nopebench.impls.native.constants import HOPPER_SMEM, WIDE_BLOCK_H
 from nopebench.impls.native.plans import (
-    HOPPER_SMEM,
-    WIDE_BLOCK_H,
     hopper_smem_bytes,
     plan_hopper,
     plan_hopper_wide,
     plan_hopper_ws,
     plan_launch,
-    use_hopper_wide,
-    use_hopper_ws,
     wide_smem_bytes,
     ws_smem_bytes,
 )
@@ -125,7 +123,7 @@ def record_launches(monkeypatch, module, kernel: str, heads: int, tokens: int, p
     """native_decode on CPU tensors with stand-ins for the Gluon kernel `module.kernel` and the
     splits' combine kernel: each launch as (grid, args, kwargs)."""
     from nopebench.impls.native import triton_decode
-    from nopebench.impls.native.plans import native_decode
+    from nopebench.impls.native.adapter import native_decode
 
     calls = []
 
@@ -146,7 +144,7 @@ def test_64_head_launch_is_what_the_build_compiles(monkeypatch):
     if (reason := hopper_build.gluon_missing()) is not None:
         pytest.skip(reason)
     from nopebench.impls.native import hopper_wide_decode as wide
-    from nopebench.impls.native.plans import native_decode
+    from nopebench.impls.native.adapter import native_decode
 
     plan = plan_hopper_wide(8, 128, 2176, sms=132)
     (grid, args, kwargs), (combine_grid, _, _) = record_launches(monkeypatch, wide, "hopper_wide_decode_kernel",
@@ -167,7 +165,7 @@ def test_64_head_kernel_compiles_for_sm90_within_its_budget(case):
     if (reason := hopper_build.gluon_missing()) is not None:
         pytest.skip(reason)
     from nopebench.impls.native import hopper_wide_decode as wide
-    from nopebench.impls.native.plans import WIDE_RING_ROWS
+    from nopebench.impls.native.constants import WIDE_RING_ROWS
 
     assert WIDE_RING_ROWS == 4 * wide.PRODUCER_WARPS
     # The two cases compile both forms of the producer's work-item arithmetic: constexpr with
@@ -248,7 +246,7 @@ def test_warp_specialised_kernel_compiles_for_sm90_within_its_budget(case):
     if (reason := hopper_build.gluon_missing()) is not None:
         pytest.skip(reason)
     from nopebench.impls.native import hopper_ws_decode as ws
-    from nopebench.impls.native.plans import WS_RING_ROWS
+    from nopebench.impls.native.constants import WS_RING_ROWS
 
     assert WS_RING_ROWS == 4 * ws.PRODUCER_WARPS  # the planner's ring slot is one pass of the producer
     build = hopper_build.compile_ws_shape(*case)
@@ -288,7 +286,8 @@ INTERPRETER_SCRIPT = textwrap.dedent("""
     os.environ["TRITON_INTERPRET"] = "1"
     import dataclasses, torch
     sys.path[:0] = [os.getcwd(), os.path.join(os.getcwd(), "tests")]
-    from nopebench.impls.native.plans import native_decode, plan_launch
+    from nopebench.impls.native.adapter import native_decode
+    from nopebench.impls.native.plans import plan_launch
     from nopebench.impls.reference import sparse_decode_reference
     from native_cases import decode_inputs
     results = []
@@ -339,7 +338,8 @@ def gpu_plan(kernel: str, tokens: int, heads: int, width: int, rope: int):
     program the role split; hopper_ws_one: one consumer; hopper_wide: 64 heads per program, fewer
     heads masked); the Hopper ones are skipped off SM90, the warp-specialised ones also for RoPE
     rows (they read NoPE rows only)."""
-    from nopebench.impls.native.plans import hopper_available, plan_hopper
+    from nopebench.impls.native.adapter import hopper_available
+    from nopebench.impls.native.plans import plan_hopper
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     if kernel == "triton":
@@ -359,7 +359,7 @@ def gpu_plan(kernel: str, tokens: int, heads: int, width: int, rope: int):
 @pytest.mark.parametrize("kernel", ["triton", "hopper", "hopper_ws", "hopper_ws_one", "hopper_wide"])
 @pytest.mark.parametrize("heads, tokens, width, rope, row_bytes", GPU_GRID)
 def test_native_matches_reference_on_gpu(heads, tokens, width, rope, row_bytes, kernel):
-    from nopebench.impls.native.plans import native_decode
+    from nopebench.impls.native.adapter import native_decode
 
     q, cache, idx = decode_inputs(heads, tokens, width, rope, row_bytes, "cuda", seed=heads * 7 + tokens, rows=4096)
     plan = gpu_plan(kernel, tokens, heads, width, rope)
@@ -388,7 +388,7 @@ def test_native_meets_the_rule_for_small_and_unit_latents(kernel, scale_format, 
     kernels dequantize as the reference does (fp32 product, one bf16 rounding). A variant with
     fp16 tiles failed here at 1e-3 with arbitrary_fp32 scales on the H200 (cosine difference
     7.7e-6, limit 5e-6: fp16 tile scales below 6.1e-5 are subnormal)."""
-    from nopebench.impls.native.plans import native_decode
+    from nopebench.impls.native.adapter import native_decode
 
     heads, tokens = (64, 64) if kernel == "hopper_wide" else (16, 64)
     q, cache, idx = decode_inputs(heads, tokens, 2176, 0, 528, "cuda", seed=5, rows=8192, magnitude=magnitude,
@@ -414,7 +414,7 @@ def test_native_handles_rows_that_end_in_minus_one_padding(kernel, tokens):
     """Top-k rows of different lengths, each ending in -1 padding (the 64-head kernel skips the
     trailing blocks that hold no valid entry): lengths on both sides of the 64-entry block
     edges, an empty row and a full one, one row also with -1 inside."""
-    from nopebench.impls.native.plans import native_decode
+    from nopebench.impls.native.adapter import native_decode
 
     heads = 64 if kernel == "hopper_wide" else 16
     q, cache, idx = decode_inputs(heads, tokens, 2176, 0, 528, "cuda", seed=11, rows=4096)
@@ -427,7 +427,7 @@ def test_native_handles_rows_that_end_in_minus_one_padding(kernel, tokens):
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel", ["triton", "hopper", "hopper_ws", "hopper_ws_one", "hopper_wide"])
 def test_native_replays_in_a_cuda_graph(kernel):
-    from nopebench.impls.native.plans import DecodeBuffers, native_decode
+    from nopebench.impls.native.adapter import DecodeBuffers, native_decode
 
     q, cache, idx = decode_inputs(16, 64, 2176, 0, 528, "cuda", rows=4096)
     plan = gpu_plan(kernel, 64, 16, 2176, 0)

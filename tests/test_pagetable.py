@@ -10,11 +10,13 @@ import pytest
 import torch
 
 from nopebench.checks import pagetable
+from nopebench.commands import check_pagetable
+from nopebench.commands.options import CheckPagetableOptions, Output
 from nopebench.config import load_model_config
 from nopebench.errors import EXIT_CHECK_FAILED, EXIT_OK, UsageError
 from nopebench.impls import metadata
 from nopebench.impls.interface import DecodeOutput, ImplSpec
-from nopebench.impls.reference import sparse_decode_reference
+from nopebench.impls.reference import reference_spec, sparse_decode_reference
 from nopebench.records import read_run
 
 GLM53 = load_model_config("glm53-flash")
@@ -26,7 +28,7 @@ def only_run_dir(root):
 
 
 def test_command_passes_and_records_everything(tmp_path, capsys):
-    code = pagetable.check_pagetable_command("glm53-flash", 0, tmp_path, json_out=True)
+    code = check_pagetable.execute(CheckPagetableOptions("glm53-flash", 0, Output(tmp_path, True)))
     assert code == EXIT_OK
     run = only_run_dir(tmp_path)
     assert read_run(run)["status"] == "passed"
@@ -64,7 +66,7 @@ def test_command_fails_when_the_backend_sizes_by_index_topk(tmp_path, monkeypatc
         return metadata.PageTableSizing("fixed", width, GLM53.index_topk, GLM53.index_topk)
 
     monkeypatch.setattr(metadata, "sizing_from_buffer", pre_fix)
-    assert pagetable.check_pagetable_command("glm53-flash", 0, tmp_path, json_out=False) == EXIT_CHECK_FAILED
+    assert check_pagetable.execute(CheckPagetableOptions("glm53-flash", 0, Output(tmp_path, False))) == EXIT_CHECK_FAILED
     rows = pd.read_csv(only_run_dir(tmp_path) / "checks.csv")
     failed = set(rows[rows["result"] == "failed"]["check"])
     assert {"sizing", "flashinfer-sm120-validation"} <= failed
@@ -72,12 +74,12 @@ def test_command_fails_when_the_backend_sizes_by_index_topk(tmp_path, monkeypatc
 
 def test_bad_model_is_a_usage_error(tmp_path):
     with pytest.raises(UsageError):
-        pagetable.check_pagetable_command("no-such-model", 0, tmp_path, json_out=False)
+        check_pagetable.execute(CheckPagetableOptions("no-such-model", 0, Output(tmp_path, False)))
     assert not (tmp_path / "check-pagetable").exists()
 
 
 def test_dsv32_model_passes_too(tmp_path):
-    assert pagetable.check_pagetable_command("dsv32", 0, tmp_path, json_out=False) == EXIT_OK
+    assert check_pagetable.execute(CheckPagetableOptions("dsv32", 0, Output(tmp_path, False))) == EXIT_OK
 
 
 # --- the problem builder and the padding checks --------------------------------------------------
@@ -131,9 +133,9 @@ def test_padding_checks_catch_kernels_with_the_bugs_they_target(bug):
         "minus-one-reads-slot-0": lambda idx: idx.clamp_min(0),
     }
     spec = _impl(bug, transforms[bug])
-    registry = {"reference": pagetable.backends.reference_spec(), bug: spec}
+    registry = {"reference": reference_spec(), bug: spec}
     problem = pagetable.build_problem(small_case(), torch.device("cpu"))
-    reference = pagetable._run(pagetable.compact_problem(problem), "reference", registry).out
+    reference = pagetable.run_impl(pagetable.compact_problem(problem), "reference", registry).out
     rows = pagetable.padding_rows(spec, problem, registry, 5, reference)
     assert any(r["result"] == "failed" for r in rows), rows
     good = pagetable.padding_rows(registry["reference"], problem, registry, 5, reference)

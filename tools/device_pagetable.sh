@@ -39,9 +39,7 @@ print("flashinfer", flashinfer.__version__, "FLASHINFER_WORKSPACE_BASE", os.envi
 step "check-pagetable" python3 -m nopebench check-pagetable --model configs/models/glm53-flash.yaml \
     --results-dir "$RESULTS_ROOT"
 
-step "fa3 adapter smoke test" python3 -c '
-from nopebench.checks.pagetable import smoke_main
-raise SystemExit(smoke_main(["flashinfer-fa3-bf16", "flashinfer-fa3-fp8"]))'
+step "fa3 adapter smoke test" python3 tools/pagetable_smoke.py flashinfer-fa3-bf16 flashinfer-fa3-fp8
 
 step "tests" python3 -m pytest -q -p no:cacheprovider tests/test_sparse_*.py tests/test_pagetable*.py
 

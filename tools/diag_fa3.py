@@ -10,7 +10,7 @@ import torch
 from nopebench.checks import pagetable as pt
 from nopebench.compare import close
 from nopebench.config import load_model_config
-from nopebench.impls import registry as backends
+from nopebench.impls import registry as impl_registry
 from nopebench.impls.reference import sparse_decode_reference
 
 cfg = load_model_config("glm53-flash")
@@ -20,7 +20,7 @@ for tokens, empty in [(512, 2), (512, 0), (256, 0), (128, 2), (128, 0)]:
     ref, _ = sparse_decode_reference(prob.q, prob.cache, prob.indices, prob.softmax_scale, prob.rope_dim)
     for impl in ("native", "flashinfer-fa3-bf16", "flashinfer-fa3-fp8"):
         try:
-            out = backends.decode(prob, impl).out
+            out = impl_registry.decode(prob, impl).out
         except Exception as exc:  # noqa: BLE001
             print(tokens, empty, impl, "error", exc)
             continue

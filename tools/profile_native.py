@@ -16,7 +16,8 @@ import dataclasses
 import torch
 
 from nopebench.bench.decode_cases import build_cache
-from nopebench.impls.native.plans import native_decode, plan_hopper, plan_hopper_ws, plan_launch
+from nopebench.impls.native.adapter import native_decode
+from nopebench.impls.native.plans import plan_hopper, plan_hopper_ws, plan_launch
 
 
 def main() -> None:

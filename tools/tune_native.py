@@ -24,9 +24,9 @@ from nopebench.bench.decode_cases import build_cache
 from nopebench.bench.timing import measure_ceilings, time_gpu
 from nopebench.compare import close
 from nopebench.environment import environment_header
+from nopebench.impls.native.adapter import native_decode
 from nopebench.impls.native.plans import (
     LaunchPlan,
-    native_decode,
     plan_hopper,
     plan_hopper_wide,
     plan_hopper_ws,

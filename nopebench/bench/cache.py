@@ -19,18 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from nopebench import console as out
 from nopebench import geometry as g
 from nopebench import rowformat
-from nopebench.errors import EXIT_CHECK_FAILED, EXIT_OK, UnsupportedError, UsageError
 
-DEFAULT_TOKENS = "1024,4096,16384,65536,262144"
-QUICK_TOKENS = (4096, 65536)
-MAX_TOKENS = 1 << 22
 BLOCK_SIZE = 64
 TOKENS_PER_REQUEST = 4096  # the gather reads requests of this many context tokens
 SCALE_FORMAT = "arbitrary_fp32"
@@ -60,22 +54,6 @@ class InputSet:
     block_table: torch.Tensor
     workspace_starts: torch.Tensor
     out: torch.Tensor
-
-
-def parse_tokens(tokens: str, quick: bool) -> tuple[int, ...]:
-    if quick and tokens == DEFAULT_TOKENS:
-        return QUICK_TOKENS
-    values: list[int] = []
-    for item in (p.strip() for p in tokens.split(",")):
-        if not item:
-            continue
-        if not item.isdigit() or not 1 <= int(item) <= MAX_TOKENS:
-            raise UsageError(f"--tokens {item!r}: expected integers in [1, {MAX_TOKENS}], comma-separated")
-        if int(item) not in values:
-            values.append(int(item))
-    if not values:
-        raise UsageError("--tokens: give at least one token count")
-    return tuple(values)
 
 
 def op_bytes(op: str, tokens: int, v: Variant) -> int:
@@ -248,45 +226,3 @@ def summarize(rows: list[dict], ceilings: dict) -> dict:
         "targets_met": targets,
         "all_targets_met": bool(targets) and all(targets.values()),
     }
-
-
-def bench_cache_command(tokens: str, quick: bool, results_dir: Path | None, json_out: bool) -> int:
-    sizes = parse_tokens(tokens, quick)
-    if not torch.cuda.is_available():
-        raise UnsupportedError("bench-cache times CUDA kernels and needs a CUDA GPU; none is visible")
-    from nopebench.cache_kernels.library import load_library
-    from nopebench.records import RunDir, write_csv, write_json
-
-    load_library(torch.device("cuda"))  # build (or load) before anything is timed
-    run = RunDir.create("bench-cache", results_dir)
-    with out.progress_bar("bench-cache", total=len(sizes) * len(VARIANTS)) as advance:
-        rows, summary = run_bench(sizes, QUICK_BUDGET_S if quick else BUDGET_S, advance)
-    rows = [{"run_id": run.run_id, **r} for r in rows]
-    write_csv(run.file("results.csv"), rows)
-    write_json(run.file("results.json"), {"summary": summary, "rows": rows})
-    passed = summary["checks_passed"] and not summary["errors"]
-    run.finish("passed" if passed else "failed", summary)
-    print_table(rows, summary)
-    out.console.print(f"results: {run.path}")
-    if json_out:
-        out.print_json(rows)
-    return EXIT_OK if passed else EXIT_CHECK_FAILED
-
-
-def print_table(rows: list[dict], summary: dict) -> None:
-    torch_rows = {(r["op"], r["variant"], r["tokens"]): r for r in rows if r["impl"] == "torch"}
-    table_rows = []
-    for r in (r for r in rows if r["impl"] == "cuda"):
-        ref = torch_rows.get((r["op"], r["variant"], r["tokens"]), {})
-        check = out.verdict(bool(r.get("check_passed")) and not r.get("error"))
-        table_rows.append((r["op"], r["variant"], r["tokens"], r.get("median_ms"), r.get("gbps"), r.get("pct_copy"),
-                           ref.get("gbps"), r.get("speedup"), check, ref.get("check_passed"), r.get("error") or ""))
-    columns = ["op", "rows", "T", "cuda ms", "cuda GB/s", "% copy", "torch GB/s", "speed-up", "cuda = ref",
-               "torch gpu = ref", "error"]
-    title = f"bench-cache: copy {summary['copy_gbps']:.0f} GB/s (read + write)"
-    out.console.print(out.table(title, columns, table_rows))
-    met = summary["targets_met"]
-    if met:
-        missed = [k for k, ok in met.items() if not ok]
-        line = "all met" if not missed else f"missed: {', '.join(missed)}"
-        out.console.print(f"targets at T >= {TARGET_MIN_TOKENS} (>= {TARGET_PCT_COPY:.0f}% of copy, >= {TARGET_SPEEDUP:.0f}x torch): {line}")

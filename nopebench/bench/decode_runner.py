@@ -19,7 +19,7 @@ from nopebench import compare
 from nopebench.bench.decode_cases import BenchConfig, DecodeCase, build_cache, make_problem
 from nopebench.bench.timing import Ceilings, rotation_count, time_gpu
 from nopebench.config import ModelConfig
-from nopebench.impls import registry as backends
+from nopebench.impls import registry as impl_registry
 from nopebench.impls.interface import DecodeOutput, ImplSpec
 from nopebench.impls.reference import sparse_decode_reference
 
@@ -79,7 +79,7 @@ def run_case(case: DecodeCase, cfg: BenchConfig, model: ModelConfig, cache: torc
             row["skipped"] = reason
             continue
         try:
-            runs = [backends.prepare(p, name, registry) for p in (problems if name != "reference" else problems[:1])]
+            runs = [impl_registry.prepare(p, name, registry) for p in (problems if name != "reference" else problems[:1])]
             row.update(check_output(runs[0], ref_out, ref_lse, check_tokens))
             if not row["passed"]:
                 row["error"] = f"correctness check failed: {row['check_detail']}"
@@ -103,7 +103,7 @@ def run_grid(cfg: BenchConfig, model: ModelConfig, cases: list[DecodeCase], impl
     """All rows of a grid; caches are built once per mode and freed when the mode is done."""
     from nopebench.environment import gpu_info
 
-    registry = backends.implementations()
+    registry = impl_registry.implementations()
     l2 = gpu_info().get("l2_bytes")
     rows: list[dict] = []
     for mode in dict.fromkeys(c.mode for c in cases):

@@ -20,7 +20,6 @@ import dataclasses
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -30,11 +29,9 @@ from nopebench import console as out
 from nopebench import geometry as g
 from nopebench.checks import flashinfer_validation
 from nopebench.config import ModelConfig, load_model_config
-from nopebench.errors import EXIT_CHECK_FAILED, EXIT_OK
 from nopebench.impls import metadata
-from nopebench.impls import registry as backends
+from nopebench.impls import registry as impl_registry
 from nopebench.impls.interface import DecodeOutput, DecodeProblem, ImplSpec
-from nopebench.records import RunDir, write_csv, write_json
 
 CONTROL_MODEL = "dsv32"
 GRID_TOPK = (512, 1024, 2048)
@@ -217,8 +214,8 @@ def validation_rows(cfg: ModelConfig, check: str = "flashinfer-sm120-validation"
 # --- decode checks -----------------------------------------------------------------------------
 
 
-def _run(problem: DecodeProblem, impl: str, registry: dict[str, ImplSpec]) -> DecodeOutput:
-    result = backends.decode(problem, impl, registry)
+def run_impl(problem: DecodeProblem, impl: str, registry: dict[str, ImplSpec]) -> DecodeOutput:
+    result = impl_registry.decode(problem, impl, registry)
     if problem.q.device.type == "cuda":
         torch.cuda.synchronize()
     return result
@@ -229,9 +226,9 @@ def padding_rows(spec: ImplSpec, problem: DecodeProblem, registry: dict[str, Imp
     """The three -1 padding checks for one implementation (the kernel runs before any
     comparison; `reference` is the reference over exactly the valid entries)."""
     name = spec.name
-    wide = _run(problem, name, registry).out.clone()
-    compact = _run(compact_problem(problem), name, registry).out.clone()
-    shuffled = _run(shuffled_problem(problem, seed), name, registry).out.clone()
+    wide = run_impl(problem, name, registry).out.clone()
+    compact = run_impl(compact_problem(problem), name, registry).out.clone()
+    shuffled = run_impl(shuffled_problem(problem, seed), name, registry).out.clone()
     counts = metadata.valid_counts(problem.indices)
     active, width = int(counts.max()), problem.width
     tol = spec.tolerance.kwargs()
@@ -258,8 +255,8 @@ def decode_checks(cfg: ModelConfig, seed: int, registry: dict[str, ImplSpec]) ->
     tokens = GPU_QUERY_TOKENS if device.type == "cuda" else CPU_QUERY_TOKENS
     case = model_case(cfg, tokens, seed)
     problem = build_problem(case, device)
-    reference = _run(compact_problem(problem), "reference", registry).out
-    ok_specs, refused = backends.runnable(problem, registry)
+    reference = run_impl(compact_problem(problem), "reference", registry).out
+    ok_specs, refused = impl_registry.runnable(problem, registry)
     rows = []
     for spec in ok_specs:
         rows += guarded("padding-bounds-active", spec.name,
@@ -275,12 +272,12 @@ def graph_rows(cfg: ModelConfig, seed: int, registry: dict[str, ImplSpec]) -> li
         return [row(check, "-", None, "needs a CUDA GPU; none is visible")]
     case = model_case(cfg, GRAPH_QUERY_TOKENS, seed)
     problem = build_problem(case, torch.device("cuda"))
-    ok_specs, refused = backends.runnable(problem, registry)
+    ok_specs, refused = impl_registry.runnable(problem, registry)
     gpu_specs = [s for s in ok_specs if s.name != "reference"]
     rows = [row(check, name, None, reason) for name, reason in refused.items()]
     if not gpu_specs:
         return rows or [row(check, "-", None, "no GPU implementation runs on this machine")]
-    reference = _run(problem, "reference", registry).out
+    reference = run_impl(problem, "reference", registry).out
     for spec in gpu_specs:
         rows += guarded(check, spec.name, lambda spec=spec: [capture_replay(spec, problem, registry, reference)])
     return rows
@@ -288,7 +285,7 @@ def graph_rows(cfg: ModelConfig, seed: int, registry: dict[str, ImplSpec]) -> li
 
 def capture_replay(spec: ImplSpec, problem: DecodeProblem, registry: dict[str, ImplSpec],
                    reference: torch.Tensor) -> dict:
-    run = backends.prepare(problem, spec.name, registry)
+    run = impl_registry.prepare(problem, spec.name, registry)
     eager = run().out.clone()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -325,12 +322,9 @@ def control_rows() -> list[dict]:
     return rows + validation_rows(cfg, check="dsv32-control")
 
 
-# --- the command ----------------------------------------------------------------------------------
-
-
 def run_checks(cfg: ModelConfig, seed: int, registry: dict[str, ImplSpec] | None = None) -> dict[str, Any]:
     """Every check for one model: {'rows', 'width_table', 'implementations'}."""
-    registry = backends.implementations() if registry is None else registry
+    registry = impl_registry.implementations() if registry is None else registry
     steps: list[tuple[str, Callable[[], list[dict]]]] = [
         ("flashinfer validation", lambda: validation_rows(cfg)),
         ("decode padding", lambda: decode_checks(cfg, seed, registry)),
@@ -356,84 +350,3 @@ def implementation_table(registry: dict[str, ImplSpec]) -> list[dict]:
 
 def passed(rows: list[dict]) -> bool:
     return all(r["result"] != "failed" for r in rows)
-
-
-def check_pagetable_command(model: str, seed: int, results_dir: Path | None, json_out: bool) -> int:
-    cfg = load_model_config(model)
-    report = run_checks(cfg, seed)
-    rows = report["rows"]
-    ok = passed(rows)
-    run = RunDir.create("check-pagetable", results_dir)
-    rows = [{"run_id": run.run_id, "model": cfg.name, **r} for r in rows]
-    counts = {k: sum(r["result"] == k for r in rows) for k in ("passed", "failed", "skipped")}
-    summary = {"model": cfg.name, "passed": ok, **counts,
-               "flashinfer": flashinfer_validation.flashinfer_version(), "topk_width": cfg.topk_width}
-    write_csv(run.file("checks.csv"), rows)
-    write_csv(run.file("widths.csv"), [{"run_id": run.run_id, **f} for f in report["width_table"]])
-    write_json(run.file("checks.json"), {"summary": summary, "checks": rows, "width_table": report["width_table"],
-                                         "implementations": report["implementations"]})
-    run.finish("passed" if ok else "failed", summary)
-    print_report(cfg, report, rows)
-    out.console.print(f"results: {run.path}")
-    if json_out:
-        out.print_json(rows)
-    return EXIT_OK if ok else EXIT_CHECK_FAILED
-
-
-def print_report(cfg: ModelConfig, report: dict[str, Any], rows: list[dict]) -> None:
-    grid = report["width_table"]
-    out.console.print(out.table("top-k buffer width: round_up(index_topk + kpool - 1, 128)",
-                                ["index_topk", "kpool", "max active", "width", "pre-fix top_k", "pre-fix fits"],
-                                [(f["index_topk"], f["kpool"], f["max_active"], f["width"],
-                                  f["pre_fix_sparse_mla_top_k"], f["pre_fix_fits"]) for f in grid]))
-    out.console.print(out.table("implementations", ["impl", "runs here", "why not"],
-                                [(i["impl"], i["refusal"] is None, i["refusal"] or "") for i in report["implementations"]]))
-    verdicts = {"passed": True, "failed": False, "skipped": None}
-    out.console.print(out.table(f"check-pagetable: {cfg.name} (width {cfg.topk_width})",
-                                ["check", "impl", "case", "result", "detail"],
-                                [(r["check"], r["impl"], case_label(r), out.verdict(verdicts[r["result"]]), r["detail"])
-                                 for r in rows]))
-
-
-# --- GPU smoke test of adapters against the reference (scripts/device_pagetable.sh) ------------
-
-
-def smoke_rows(impls: list[str] | None = None, heads: tuple[int, ...] = (16, 64), rope_dims: tuple[int, ...] = (0, 64),
-               seed: int = 0, model: str = "glm53-flash") -> list[dict]:
-    """Each adapter against the reference on the model's widened buffer, NoPE and the shim."""
-    cfg = load_model_config(model)
-    registry = backends.implementations()
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    rows = []
-    for h in heads:
-        for rope in rope_dims:
-            case = dataclasses.replace(model_case(cfg, GPU_QUERY_TOKENS, seed, rope_dim=rope), heads=h)
-            problem = build_problem(case, device)
-            reference = None
-            for name in impls or [n for n in registry if n != "reference"]:
-                spec = registry[name]
-                reason = spec.unsupported(problem)
-                base = {"impl": name, "heads": h, "rope_dim": rope}
-                if reason:
-                    rows.append({**base, "result": "skipped", "max_abs_err": None, "cos_diff": None, "detail": reason})
-                    continue
-                try:
-                    got = _run(problem, name, registry).out
-                    reference = reference if reference is not None else _run(problem, "reference", registry).out
-                    cmp = compare.close(got, reference)
-                    rows.append({**base, "result": "passed" if cmp.passed else "failed", "max_abs_err": cmp.max_abs_err,
-                                 "cos_diff": cmp.cos_diff, "detail": cmp.detail})
-                except Exception as exc:
-                    rows.append({**base, "result": "failed", "max_abs_err": None, "cos_diff": None, "detail": error_detail(exc)})
-    return rows
-
-
-def smoke_main(impls: list[str] | None = None) -> int:
-    """Print the smoke table; exit status 0 when nothing that ran failed."""
-    rows = smoke_rows(impls)
-    verdicts = {"passed": True, "failed": False, "skipped": None}
-    out.console.print(out.table("adapter smoke test vs reference (glm53-flash widened buffer)",
-                                ["impl", "heads", "rope_dim", "result", "max abs err", "cos diff", "detail"],
-                                [(r["impl"], r["heads"], r["rope_dim"], out.verdict(verdicts[r["result"]]),
-                                  r["max_abs_err"], r["cos_diff"], r["detail"]) for r in rows]))
-    return EXIT_OK if passed(rows) else EXIT_CHECK_FAILED

@@ -13,14 +13,15 @@ from nopebench.bench import acceptance
 from nopebench.bench.decode_cases import BenchConfig, grid, load_bench_config, model_for
 from nopebench.bench.decode_runner import run_grid
 from nopebench.bench.timing import measure_ceilings
+from nopebench.commands.options import BenchDecodeOptions
 from nopebench.errors import EXIT_CHECK_FAILED, EXIT_OK, UnsupportedError, UsageError
-from nopebench.impls import registry as backends
+from nopebench.impls import registry
 from nopebench.plots import decode_plots
 from nopebench.records import RunDir, write_csv, write_json
 
 
-def resolve_impls(cfg: BenchConfig, requested: list[str] | None) -> list[str]:
-    known = backends.names()
+def resolve_impls(cfg: BenchConfig, requested: tuple[str, ...] | list[str] | None) -> list[str]:
+    known = registry.names()
     impls = requested or cfg.impls
     unknown = [i for i in impls if i not in known]
     if unknown:
@@ -43,18 +44,20 @@ def read_baseline(path: Path | None) -> pd.DataFrame | None:
     return base
 
 
-def bench_decode_command(config: str, impl: list[str] | None, quick: bool, baseline: Path | None,
-                         results_dir: Path | None, json_out: bool) -> int:
-    cfg = load_bench_config(config)
+def execute(opts: BenchDecodeOptions) -> int:
+    cfg = load_bench_config(opts.config)
+    if opts.model is not None:
+        cfg = cfg.model_copy(update={"model": opts.model})
     model = model_for(cfg)
-    impls = resolve_impls(cfg, impl)
-    base = read_baseline(baseline)
+    impls = resolve_impls(cfg, opts.impls)
+    base = read_baseline(opts.baseline)
+    quick = opts.quick
     if not torch.cuda.is_available():
         raise UnsupportedError("bench-decode times GPU kernels and needs a CUDA GPU; none is visible "
                                "(check-pagetable runs the decode checks on CPU)")
     cases = grid(cfg, quick)
     budget = cfg.quick.budget_s if quick and cfg.quick else cfg.timing.budget_s
-    run = RunDir.create("bench-decode", results_dir)
+    run = RunDir.create("bench-decode", opts.output.results_dir)
     out.console.print("measuring device ceilings (copy bandwidth, bf16 matmul)...")
     ceil = measure_ceilings()
     with out.progress_bar("bench-decode", total=len(cases)) as advance:
@@ -78,7 +81,7 @@ def bench_decode_command(config: str, impl: list[str] | None, quick: bool, basel
     run.finish("failed" if failed else "passed", {**summary, "plots": [p.name for p in plots]})
     print_tables(df, crit, speedups, ceil.as_row())
     out.console.print(f"results: {run.path}")
-    if json_out:
+    if opts.output.json_out:
         out.print_json(df.to_dict("records"))
     return EXIT_CHECK_FAILED if failed else EXIT_OK
 

@@ -15,12 +15,14 @@ from nopebench.cache_kernels.build import (
     parse_targets,
     target_for_capability,
 )
+from nopebench.commands.options import BuildOptions
 from nopebench.errors import EXIT_CHECK_FAILED, EXIT_OK, UnsupportedError
 
 
-def build_command(arch: str | None, compile_only: bool, force: bool, root=DEFAULT_ROOT) -> int:
+def execute(opts: BuildOptions, root=DEFAULT_ROOT) -> int:
     """Build the requested targets (default: the local GPU's; with --compile-only: sm_90a,
     sm_100a and sm_120a, no GPU needed) and, unless compile-only, load the local one."""
+    arch, compile_only, force = opts.arch, opts.compile_only, opts.force
     local = None if compile_only else _local_target()
     if arch:
         targets = parse_targets(arch)

@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from nopebench import console as out
+from nopebench.commands.options import Gsm8kOptions
 from nopebench.config import resolve_config_path
 from nopebench.errors import EXIT_CHECK_FAILED, EXIT_OK, UsageError
 from nopebench.gsm8k.config import Gsm8kConfig, load_gsm8k_config
@@ -46,8 +47,9 @@ from nopebench.records import RunDir, write_json
 SERVER_LOG = "server.log"
 
 
-def gsm8k_command(config: str, base_url: str | None, limit: int | None, data: Path | None,
-                  resume: Path | None, results_dir: Path | None) -> int:
+def execute(opts: Gsm8kOptions) -> int:
+    config, base_url, limit, data = opts.config, opts.base_url, opts.limit, opts.data
+    resume, results_dir = opts.resume, opts.results_dir
     with quiet_third_party_progress() as added_env:  # before lm-eval (and its tqdm) is imported
         cfg, local, previous = _preflight(config, base_url, limit, data, resume)
         with tempfile.TemporaryDirectory(prefix="nopebench-gsm8k-") as task_dir:

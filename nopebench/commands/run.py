@@ -15,6 +15,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nopebench import console as out
+from nopebench.commands.options import (
+    BenchCacheOptions,
+    BenchDecodeOptions,
+    BuildOptions,
+    CheckPagetableOptions,
+    Gsm8kOptions,
+    Output,
+    RunOptions,
+    VerifyLayoutOptions,
+)
 from nopebench.errors import EXIT_OK, UnsupportedError, UsageError
 from nopebench.records import RunDir, write_json
 
@@ -22,11 +32,13 @@ from nopebench.records import RunDir, write_json
 @dataclass(frozen=True)
 class Step:
     """One command of the main job. `unavailable()` is None when this machine can run it, else
-    the reason it is skipped; `run(root)` returns the command's exit code."""
+    the reason it is skipped; `run()` returns the command's exit code; `options` is what it runs
+    with."""
 
     name: str
     unavailable: Callable[[], str | None]
-    run: Callable[[Path], int]
+    options: object
+    run: Callable[[], int]
 
 
 def _no_gpu() -> str | None:
@@ -43,56 +55,67 @@ def _no_gpu_or_nvcc() -> str | None:
     return None if find_nvcc() else "no nvcc found (set CUDA_HOME or put nvcc on PATH)"
 
 
-def steps(model: str, gsm8k_config: str | None) -> list[Step]:
-    """The main job's steps, in order. Imports stay inside the lambdas: a step that is skipped
-    never loads its dependencies."""
+def steps(opts: RunOptions, root: Path) -> list[Step]:
+    """The main job's steps, in order, each with the options it runs with: `opts.model` reaches
+    every step that takes a model. Imports stay inside the lambdas: a step that is skipped never
+    loads its dependencies."""
+    output = Output(results_dir=root)
+    build = BuildOptions()
+    verify = VerifyLayoutOptions(model=opts.model, impl="all", output=output)
+    pagetable = CheckPagetableOptions(model=opts.model, output=output)
+    decode = BenchDecodeOptions(model=opts.model, quick=True, output=output)
+    cache = BenchCacheOptions(quick=True, output=output)
+    gsm8k = Gsm8kOptions(config=opts.gsm8k, results_dir=root) if opts.gsm8k else None
 
-    def build(root: Path) -> int:
-        from nopebench.commands.build import build_command
+    def no_gsm8k() -> str | None:
+        return None if gsm8k else "no --gsm8k config given (it needs a served model)"
 
-        return build_command(arch=None, compile_only=False, force=False)
+    def run_build() -> int:
+        from nopebench.commands import build as command
 
-    def verify(root: Path) -> int:
-        from nopebench.commands.verify_layout import verify_layout_command
+        return command.execute(build)
 
-        return verify_layout_command(model, "all", 4096, 0, False, root, False)
+    def run_verify() -> int:
+        from nopebench.commands import verify_layout as command
 
-    def pagetable(root: Path) -> int:
-        from nopebench.checks.pagetable import check_pagetable_command
+        return command.execute(verify)
 
-        return check_pagetable_command(model, 0, root, False)
+    def run_pagetable() -> int:
+        from nopebench.commands import check_pagetable as command
 
-    def decode(root: Path) -> int:
-        from nopebench.commands.bench_decode import bench_decode_command
+        return command.execute(pagetable)
 
-        return bench_decode_command("h200-nope", None, True, None, root, False)
+    def run_decode() -> int:
+        from nopebench.commands import bench_decode as command
 
-    def cache(root: Path) -> int:
-        from nopebench.bench.cache import DEFAULT_TOKENS, bench_cache_command
+        return command.execute(decode)
 
-        return bench_cache_command(DEFAULT_TOKENS, True, root, False)
+    def run_cache() -> int:
+        from nopebench.commands import bench_cache as command
 
-    def gsm8k(root: Path) -> int:
-        from nopebench.commands.gsm8k import gsm8k_command
+        return command.execute(cache)
 
-        return gsm8k_command(gsm8k_config, None, None, None, None, root)
+    def run_gsm8k() -> int:
+        from nopebench.commands import gsm8k as command
+
+        return command.execute(gsm8k)
 
     return [
-        Step("build", _no_gpu_or_nvcc, build),
-        Step("verify-layout", lambda: None, verify),
-        Step("check-pagetable", lambda: None, pagetable),
-        Step("bench-decode --quick", _no_gpu, decode),
-        Step("bench-cache --quick", _no_gpu, cache),
-        Step("gsm8k", lambda: None if gsm8k_config else "no --gsm8k config given (it needs a served model)", gsm8k),
+        Step("build", _no_gpu_or_nvcc, build, run_build),
+        Step("verify-layout", lambda: None, verify, run_verify),
+        Step("check-pagetable", lambda: None, pagetable, run_pagetable),
+        Step("bench-decode --quick", _no_gpu, decode, run_decode),
+        Step("bench-cache --quick", _no_gpu, cache, run_cache),
+        Step("gsm8k", no_gsm8k, gsm8k, run_gsm8k),
     ]
 
 
-def run_command(model: str, gsm8k_config: str | None, results_dir: Path | None) -> int:
+def execute(opts: RunOptions) -> int:
     from nopebench.config import load_model_config
 
-    load_model_config(model)  # a bad config stops here, before any directory is made
-    run = RunDir.create("run", results_dir)
-    plan = steps(model, gsm8k_config)
+    load_model_config(opts.model)  # a bad config stops here, before any directory is made
+    run = RunDir.create("run", opts.results_dir)
+    plan = steps(opts, run.path)
     records = []
     for i, step in enumerate(plan, 1):
         out.console.rule(f"[bold]step {i}/{len(plan)}: {step.name}")
@@ -103,7 +126,7 @@ def run_command(model: str, gsm8k_config: str | None, results_dir: Path | None) 
             out.console.print(f"[yellow]skipped:[/] {reason}")
         else:
             try:
-                code = step.run(run.path)
+                code = step.run()
                 status, detail = ("passed", "") if code == EXIT_OK else ("failed", f"exit code {code}")
             except UnsupportedError as exc:
                 status, detail = "skipped", str(exc)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from nopebench import console as out
 from nopebench.checks.layout import (
     IMPLEMENTATIONS,
@@ -12,6 +10,7 @@ from nopebench.checks.layout import (
     sweep_cases,
     verify_layout,
 )
+from nopebench.commands.options import VerifyLayoutOptions
 from nopebench.config import load_model_config
 from nopebench.errors import EXIT_CHECK_FAILED, EXIT_OK, UnsupportedError, UsageError
 from nopebench.records import RunDir, write_csv, write_json
@@ -25,23 +24,23 @@ def parse_impls(impl: str) -> list[str]:
     return [impl]
 
 
-def verify_layout_command(model: str, impl: str, tokens: int, seed: int, sweep: bool,
-                          results_dir: Path | None, json_out: bool) -> int:
-    cfg = load_model_config(model)
+def execute(opts: VerifyLayoutOptions) -> int:
+    cfg = load_model_config(opts.model)
+    impl = opts.impl
     impls = parse_impls(impl)
-    cases = sweep_cases(cfg, seed) if sweep else [model_case(cfg, tokens, seed)]
+    cases = sweep_cases(cfg, opts.seed) if opts.sweep else [model_case(cfg, opts.tokens, opts.seed)]
     with out.progress_bar("verify-layout", total=len(cases) * len(impls)) as advance:
         report = verify_layout(cases, impls, progress=advance)
     if impl != "all" and impl in report.skipped:
         raise UnsupportedError(f"--impl {impl}: {report.skipped[impl]}")
-    run = RunDir.create("verify-layout", results_dir)
+    run = RunDir.create("verify-layout", opts.output.results_dir)
     write_csv(run.file("checks.csv"), report.rows)
     summary = {"model": cfg.name, "passed": report.passed, "cases": len(cases), "skipped": report.skipped}
     write_json(run.file("checks.json"), {"summary": summary, "checks": report.rows})
     run.finish("passed" if report.passed else "failed", summary)
     print_report(cfg.name, report)
     out.console.print(f"results: {run.path}")
-    if json_out:
+    if opts.output.json_out:
         out.print_json(report.rows)
     return EXIT_OK if report.passed else EXIT_CHECK_FAILED
 

@@ -37,8 +37,15 @@ import torch
 from nopebench import geometry as g
 from nopebench import rowformat
 from nopebench.impls import metadata
-from nopebench.impls.interface import DecodeOutput, DecodeProblem, DecodeRun, ImplSpec, Tolerance
-from nopebench.impls.registry import device_refusal, gpu_refusal
+from nopebench.impls.interface import (
+    DecodeOutput,
+    DecodeProblem,
+    DecodeRun,
+    ImplSpec,
+    Tolerance,
+    device_refusal,
+    gpu_refusal,
+)
 
 SM120_SMS = (120, 121)
 SM100_SMS = (100, 103)

@@ -8,11 +8,12 @@ implementation allows it, so timing can capture it in a CUDA graph.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
 
+from nopebench import environment
 from nopebench import geometry as g
 
 
@@ -93,3 +94,22 @@ class ImplSpec:
     unsupported: Callable[[DecodeProblem], str | None]
     prepare: Callable[[DecodeProblem], DecodeRun]
     tolerance: Tolerance = STRICT
+
+
+def gpu_refusal(impl: str, sms: Iterable[int], need: str) -> str | None:
+    """None when GPU 0 has one of the compute capabilities `sms`, else one line naming the
+    GPU and what `impl` needs, e.g. 'flashinfer-sm120 needs an SM120/SM121 GPU (this is
+    NVIDIA H200, SM90)'."""
+    info = environment.gpu_info()
+    if info.get("gpu") is None:
+        return f"{impl} needs a CUDA GPU ({need}); none is visible"
+    if info.get("sm") not in set(sms):
+        return f"{impl} needs {need} (this is {info['gpu']}, SM{info['sm']})"
+    return None
+
+
+def device_refusal(impl: str, problem: DecodeProblem) -> str | None:
+    """None when the problem's tensors are on a CUDA device, else one line."""
+    if problem.q.device.type != "cuda":
+        return f"{impl} runs on CUDA tensors; this problem is on {problem.q.device}"
+    return None

@@ -1,4 +1,4 @@
-"""Reference sparse MLA decode over the packed fp8_ds_mla cache (CONTEXT.md section 4).
+"""Reference sparse MLA decode over the packed fp8_ds_mla cache, and its registry entry.
 
 Pure torch, fp32 accumulation, CPU or GPU: the one implementation every decode kernel is
 compared with. It dequantizes exactly as `rowformat.dequantize_rows` (fp8 * scale -> bf16), so
@@ -13,6 +13,7 @@ import torch
 
 from nopebench import geometry as g
 from nopebench import rowformat
+from nopebench.impls.interface import DecodeOutput, DecodeProblem, DecodeRun, ImplSpec
 
 
 def sparse_decode_reference(
@@ -73,3 +74,24 @@ def check_decode_args(q: torch.Tensor, cache: torch.Tensor, indices: torch.Tenso
         raise ValueError(f"indices must be int32 [T={q.shape[0]}, W], got {indices.dtype} {tuple(indices.shape)}")
     if not (q.device == cache.device == indices.device):
         raise ValueError(f"q, cache and indices must share a device, got {q.device}, {cache.device}, {indices.device}")
+
+
+def _reference_prepare(problem: DecodeProblem) -> DecodeRun:
+    """The reference needs no preparation; its closure is the whole computation."""
+
+    def run() -> DecodeOutput:
+        out, lse = sparse_decode_reference(
+            problem.q, problem.cache, problem.indices, problem.softmax_scale, problem.rope_dim
+        )
+        return DecodeOutput(out, lse)
+
+    return run
+
+
+def reference_spec() -> ImplSpec:
+    return ImplSpec(
+        name="reference",
+        description="torch reference over the dequantized cache (fp32 accumulation; CPU or GPU)",
+        unsupported=lambda problem: None,
+        prepare=_reference_prepare,
+    )

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from nopebench.impls.native.constants import HOPPER_SMEM
 from nopebench.impls.native.plans import (
-    HOPPER_SMEM,
     hopper_smem_bytes,
     plan_hopper_wide,
     plan_hopper_ws,

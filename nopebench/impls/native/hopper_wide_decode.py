@@ -32,6 +32,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from nopebench.impls.native.constants import WIDE_KV_BUFS, WIDE_P_BUFS
 from nopebench.impls.native.hopper_decode import TILE, _load_idx, _softmax_step, _stage_q
 from nopebench.impls.native.hopper_ws_decode import (
     _item,
@@ -52,8 +53,6 @@ LAUNCH_REGS = 65536 // (32 * (8 + PRODUCER_WARPS)) // 8 * 8
 
 def launch_constants(plan, row_bytes: int) -> tuple[dict, dict]:
     """Constexprs and launch options for a `native.plan_hopper_wide` plan (launcher and build)."""
-    from nopebench.impls.native.plans import WIDE_KV_BUFS, WIDE_P_BUFS
-
     constants = dict(BLOCK_N=plan.block_n, ROW_BYTES=row_bytes, HEAD_BLOCKS=plan.head_blocks,
                      ONE_SPLIT=plan.splits == 1,
                      BLOCKS=plan.entries_per_split // plan.block_n, KV_BUFS=WIDE_KV_BUFS, P_BUFS=WIDE_P_BUFS,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,7 +15,7 @@ from nopebench.checks.pagetable import build_problem, model_case
 from nopebench.config import load_model_config
 from nopebench.errors import UnsupportedError, UsageError
 from nopebench.impls import flashinfer as flashinfer_adapters
-from nopebench.impls import registry as backends
+from nopebench.impls import registry as impl_registry
 from nopebench.impls.interface import DecodeOutput, ImplSpec
 from nopebench.impls.reference import sparse_decode_reference
 
@@ -36,15 +38,15 @@ def gpu_is(monkeypatch):
 
 
 def test_registry_lists_every_implementation_in_order():
-    registry = backends.implementations()
-    assert list(registry) == EXPECTED == backends.names()
+    registry = impl_registry.implementations()
+    assert list(registry) == EXPECTED == impl_registry.names()
     assert all(isinstance(s, ImplSpec) and s.name == n for n, s in registry.items())
 
 
 def test_cpu_refusals_say_a_gpu_is_needed(gpu_is):
     gpu_is({"gpu": None, "sm": None})
     problem = small_problem()
-    _, refused = backends.runnable(problem)
+    _, refused = impl_registry.runnable(problem)
     for name in EXPECTED[2:]:
         assert refused[name].startswith(f"{name} needs a CUDA GPU")
     assert "reference" not in refused
@@ -53,7 +55,7 @@ def test_cpu_refusals_say_a_gpu_is_needed(gpu_is):
 def test_wrong_gpu_refusal_names_the_gpu_and_the_need(gpu_is):
     gpu_is(H200)
     problem = small_problem()
-    registry = backends.implementations()
+    registry = impl_registry.implementations()
     assert registry["flashinfer-sm120"].unsupported(problem) == (
         "flashinfer-sm120 needs an SM120/SM121 GPU (this is NVIDIA H200, SM90)")
     assert registry["flashinfer-trtllm"].unsupported(problem) == (
@@ -82,7 +84,7 @@ def test_sm120_refuses_nope_without_arbitrary_scales(monkeypatch, gpu_is):
 
 def test_reference_dispatch_is_the_reference():
     problem = small_problem()
-    got = backends.decode(problem, "reference")
+    got = impl_registry.decode(problem, "reference")
     out, lse = sparse_decode_reference(problem.q, problem.cache, problem.indices, problem.softmax_scale, 0)
     assert torch.equal(got.out, out) and torch.equal(got.lse, lse)
 
@@ -91,18 +93,21 @@ def test_unknown_and_unsupported_names(gpu_is):
     gpu_is({"gpu": None, "sm": None})
     problem = small_problem()
     with pytest.raises(UsageError, match="unknown implementation 'nope'.*reference"):
-        backends.decode(problem, "nope")
+        impl_registry.decode(problem, "nope")
     with pytest.raises(UnsupportedError, match="flashinfer-fa3-fp8 needs a CUDA GPU"):
-        backends.decode(problem, "flashinfer-fa3-fp8")
+        impl_registry.decode(problem, "flashinfer-fa3-fp8")
 
 
-def test_native_that_cannot_load_is_listed_with_its_reason(monkeypatch):
-    monkeypatch.setattr(backends, "NATIVE_MODULE", "nopebench.decode.does_not_exist")
-    spec = backends.implementations()["native"]
-    reason = spec.unsupported(small_problem())
-    assert reason.startswith("native is not available") and "ModuleNotFoundError" in reason
-    with pytest.raises(UnsupportedError):
-        spec.prepare(small_problem())
+def test_native_without_triton_is_listed_with_its_reason(monkeypatch):
+    """The registry imports the native adapter directly; what it cannot run is refused in one
+    line: here a CUDA GPU without the triton package."""
+    monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` now raises ImportError
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    problem = SimpleNamespace(q=SimpleNamespace(is_cuda=True, device="cuda:0"))
+    registry = impl_registry.implementations()
+    assert registry["native"].unsupported(problem) == "native needs the triton package"
+    with pytest.raises(UnsupportedError, match="native needs the triton package"):
+        impl_registry.prepare(problem, "native", registry)
 
 
 def _fake(name, fail_at, message):
@@ -122,13 +127,13 @@ def _fake(name, fail_at, message):
 def test_known_flashinfer_errors_are_translated(fail_at):
     text = "SM120 sparse MLA v32/GLM expects sparse block_tables shape (4, 1, 2048), got (4, 1, 2176)"
     with pytest.raises(signatures.KnownFailure, match="page-table capacity fix") as info:
-        backends.decode(small_problem(), "fake", _fake("fake", fail_at, text))
+        impl_registry.decode(small_problem(), "fake", _fake("fake", fail_at, text))
     assert info.value.where == "fake"
 
 
 def test_unknown_errors_pass_through_unchanged():
     with pytest.raises(ValueError, match="^something else$"):
-        backends.decode(small_problem(), "fake", _fake("fake", "run", "something else"))
+        impl_registry.decode(small_problem(), "fake", _fake("fake", "run", "something else"))
 
 
 def test_fa3_fp8_cache_is_the_packed_bytes_and_per_token_tile_scales():
@@ -166,7 +171,7 @@ def _gpu_impls():
     if not torch.cuda.is_available():
         return ["(no gpu)"]
     problem = small_problem("cuda")
-    ok, _ = backends.runnable(problem)
+    ok, _ = impl_registry.runnable(problem)
     return [s.name for s in ok if s.name != "reference"] or ["(none runnable)"]
 
 
@@ -177,10 +182,10 @@ def test_gpu_adapter_matches_reference_with_padding_and_empty_rows(impl, rope_di
     if impl.startswith("("):
         pytest.skip("no GPU implementation runs here")
     problem = small_problem("cuda", rope_dim=rope_dim, tokens=16)
-    spec = backends.implementations()[impl]
+    spec = impl_registry.implementations()[impl]
     if (reason := spec.unsupported(problem)) is not None:
         pytest.skip(reason)
-    got = backends.decode(problem, impl)
+    got = impl_registry.decode(problem, impl)
     torch.cuda.synchronize()
     ref_out, ref_lse = sparse_decode_reference(problem.q, problem.cache, problem.indices, problem.softmax_scale, rope_dim)
     cmp = compare.close(got.out, ref_out, **spec.tolerance.kwargs())
@@ -195,8 +200,8 @@ def test_gpu_adapter_matches_reference_with_padding_and_empty_rows(impl, rope_di
 @pytest.mark.gpu
 def test_gpu_closure_output_is_rewritten_every_call():
     problem = small_problem("cuda", tokens=8)
-    for spec in backends.runnable(problem)[0]:
-        run = backends.prepare(problem, spec.name)
+    for spec in impl_registry.runnable(problem)[0]:
+        run = impl_registry.prepare(problem, spec.name)
         first = run()
         first.out.fill_(float("nan"))
         second = run()

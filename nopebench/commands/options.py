@@ -1,0 +1,114 @@
+"""The typed options of every command: one frozen dataclass each, with the defaults.
+
+The command line builds these (cli.py) and so does `nopebench run` (commands/run.py), so a flag
+given to `run` reaches every step that takes it, and each default is written here only. This
+module imports nothing heavy: `nopebench --help` and a usage error never load torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from nopebench.errors import UsageError
+
+DEFAULT_MODEL = "glm53-flash"
+DEFAULT_BENCH_CONFIG = "h200-nope"
+DEFAULT_CACHE_TOKENS = (1024, 4096, 16384, 65536, 262144)
+QUICK_CACHE_TOKENS = (4096, 65536)
+MAX_CACHE_TOKENS = 1 << 22
+
+
+@dataclass(frozen=True)
+class Output:
+    """Where a command writes its run directory, and whether it prints its records as JSON."""
+
+    results_dir: Path | None = None  # root for run directories (default: ./results)
+    json_out: bool = False
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    arch: str | None = None  # comma-separated targets; None: the local GPU's
+    compile_only: bool = False  # sm_90a, sm_100a, sm_120a and the SM90 decode kernels, no GPU
+    force: bool = False  # rebuild even when the source hash is unchanged
+
+
+@dataclass(frozen=True)
+class VerifyLayoutOptions:
+    model: str = DEFAULT_MODEL
+    impl: str = "reference"  # reference, cuda or all
+    tokens: int = 4096
+    seed: int = 0
+    sweep: bool = False
+    output: Output = Output()
+
+
+@dataclass(frozen=True)
+class CheckPagetableOptions:
+    model: str = DEFAULT_MODEL
+    seed: int = 0
+    output: Output = Output()
+
+
+@dataclass(frozen=True)
+class BenchDecodeOptions:
+    config: str = DEFAULT_BENCH_CONFIG
+    model: str | None = None  # replaces the bench config's model when given
+    impls: tuple[str, ...] = ()  # empty: the config's
+    quick: bool = False
+    baseline: Path | None = None
+    output: Output = Output()
+
+
+@dataclass(frozen=True)
+class BenchCacheOptions:
+    tokens: tuple[int, ...] | None = None  # None: DEFAULT_CACHE_TOKENS, or QUICK_CACHE_TOKENS
+    quick: bool = False
+    output: Output = Output()
+
+    def token_counts(self) -> tuple[int, ...]:
+        if self.tokens:
+            return self.tokens
+        return QUICK_CACHE_TOKENS if self.quick else DEFAULT_CACHE_TOKENS
+
+
+def parse_token_list(text: str) -> tuple[int, ...]:
+    """'1024,4096' -> (1024, 4096): distinct counts in [1, MAX_CACHE_TOKENS], in order."""
+    values: list[int] = []
+    for item in (p.strip() for p in text.split(",")):
+        if not item:
+            continue
+        if not item.isdigit() or not 1 <= int(item) <= MAX_CACHE_TOKENS:
+            raise UsageError(
+                f"--tokens {item!r}: expected integers in [1, {MAX_CACHE_TOKENS}], comma-separated"
+            )
+        if int(item) not in values:
+            values.append(int(item))
+    if not values:
+        raise UsageError("--tokens: give at least one token count")
+    return tuple(values)
+
+
+@dataclass(frozen=True)
+class Gsm8kOptions:
+    config: str
+    base_url: str | None = None
+    limit: int | None = None
+    data: Path | None = None
+    resume: Path | None = None
+    results_dir: Path | None = None
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    model: str = DEFAULT_MODEL
+    gsm8k: str | None = None  # a GSM8K config; without one that step is skipped
+    results_dir: Path | None = None
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    runs: tuple[Path, ...] = ()  # empty: the latest run of each kind
+    output: Path | None = None
+    results_dir: Path | None = None

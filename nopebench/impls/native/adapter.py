@@ -1,0 +1,187 @@
+"""The `native` registry entry: choose a kernel and launch plan, allocate, launch.
+
+Four kernels with one contract (`sparse_decode_reference`'s): on SM90 (Gluon, wgmma, cp.async)
+`hopper_ws_decode` (warp-specialised, NoPE, up to 32 heads per program), `hopper_wide_decode`
+(warp-specialised, NoPE, 64 heads per program, the output split across two warpgroups) and
+`hopper_decode` (every other shape, RoPE rows included); elsewhere `triton_decode` (portable
+Triton: any SM80+ GPU, and Triton's CPU interpreter). Their launch shapes come from the pure
+planners in `plans`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from nopebench import geometry as g
+from nopebench.impls.interface import DecodeOutput, DecodeProblem, DecodeRun, ImplSpec
+from nopebench.impls.native.constants import WIDE_BLOCK_H, WS_MAX_BLOCK_H
+from nopebench.impls.native.plans import (
+    LaunchPlan,
+    next_pow2,
+    plan_hopper,
+    plan_hopper_wide,
+    plan_hopper_ws,
+    plan_launch,
+    score_warps_m,
+)
+from nopebench.impls.reference import check_decode_args
+
+
+def hopper_available(device) -> bool:
+    """The Gluon kernel runs on SM90 only (wgmma), and needs a Triton with Gluon."""
+    if torch.cuda.get_device_capability(device)[0] != 9:
+        return False
+    try:
+        from nopebench.impls.native import hopper_decode  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def use_hopper_ws(tokens: int, heads: int, rope_dim: int) -> bool:
+    """Where the H200 measured the warp-specialised kernel faster than the single-role one: NoPE
+    rows with at most 16 heads, or at most 32 heads and 64 query tokens or more
+    (results/reference/decode-tuning/hopper-ws/)."""
+    return not rope_dim and (heads <= 16 or (heads <= WS_MAX_BLOCK_H and tokens >= 64))
+
+
+def use_hopper_wide(single_role: LaunchPlan, rope_dim: int) -> bool:
+    """NoPE rows where the single-role planner takes 64 heads per program: there the 64-head
+    kernel is faster than the single-role one on the H200. Where the planner takes fewer heads
+    to fill the SMs (1 token) the single-role kernel stays faster
+    (results/reference/decode-tuning/hopper-wide/)."""
+    return not rope_dim and single_role.block_h == WIDE_BLOCK_H
+
+
+def choose_plan(tokens: int, heads: int, width: int, rope_dim: int, device) -> LaunchPlan:
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    if hopper_available(device):
+        if use_hopper_ws(tokens, heads, rope_dim):
+            return plan_hopper_ws(tokens, heads, width, sms)
+        plan = plan_hopper(tokens, heads, width, bool(rope_dim), sms)
+        if use_hopper_wide(plan, rope_dim):
+            return plan_hopper_wide(tokens, heads, width, sms)
+        return plan
+    return plan_launch(tokens, heads, width, sms)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@dataclass(frozen=True)
+class DecodeBuffers:
+    """Output and split-K scratch of one decode shape, allocated once so repeated launches (and
+    CUDA-graph replays) write to the same addresses."""
+
+    out: torch.Tensor
+    lse: torch.Tensor
+    part: torch.Tensor
+    part_lse: torch.Tensor
+
+    @classmethod
+    def allocate(cls, tokens: int, heads: int, plan: LaunchPlan, device) -> DecodeBuffers:
+        out = torch.empty(tokens, heads, g.LATENT_DIM, dtype=torch.bfloat16, device=device)
+        lse = torch.empty(tokens, heads, dtype=torch.float32, device=device)
+        if plan.splits == 1:
+            return cls(out, lse, out, lse)
+        part = torch.empty(plan.splits, tokens, heads, g.LATENT_DIM, dtype=torch.float32, device=device)
+        part_lse = torch.empty(plan.splits, tokens, heads, dtype=torch.float32, device=device)
+        return cls(out, lse, part, part_lse)
+
+
+def native_decode(q: torch.Tensor, cache: torch.Tensor, indices: torch.Tensor, softmax_scale: float,
+                  rope_dim: int, plan: LaunchPlan | None = None, buffers: DecodeBuffers | None = None) -> DecodeOutput:
+    """Sparse decode over packed rows. Same contract as `sparse_decode_reference`."""
+    from nopebench.impls.native import triton_decode as k
+
+    check_decode_args(q, cache, indices, rope_dim)
+    if q.stride(-1) != 1 or indices.stride(-1) != 1:
+        raise ValueError("q and indices must be contiguous in their last dimension")
+    tokens, heads, _ = q.shape
+    width = indices.shape[1]
+    if plan is None:
+        plan = choose_plan(tokens, heads, width, rope_dim, q.device) if q.is_cuda else plan_launch(tokens, heads, width)
+    if buffers is None:
+        buffers = DecodeBuffers.allocate(tokens, heads, plan, q.device)
+    out, lse, part, part_lse = buffers.out, buffers.lse, buffers.part, buffers.part_lse
+    if tokens == 0:
+        return DecodeOutput(out, lse)
+    stride_os = part.stride(0) if plan.splits > 1 else 0
+    stride_ls = part_lse.stride(0) if plan.splits > 1 else 0
+    grid = plan.grid(tokens)
+    args = (q, cache, indices, part, part_lse,
+            heads, width, plan.entries_per_split, softmax_scale * k.LOG2E,
+            q.stride(0), q.stride(1), indices.stride(0),
+            part.stride(-3), part.stride(-2), stride_os, part_lse.stride(-2), stride_ls)
+    if plan.kernel == "hopper":
+        from nopebench.impls.native import hopper_decode
+
+        hopper_decode.hopper_decode_kernel[grid](
+            *args, BLOCK_H=plan.block_h, BLOCK_N=plan.block_n, ROW_BYTES=cache.shape[-1], ROPE=bool(rope_dim),
+            HEAD_BLOCKS=plan.head_blocks, NUM_STAGES=plan.num_stages, S_WARPS_M=score_warps_m(plan.block_n),
+            num_warps=plan.num_warps)
+    elif plan.kernel == "hopper_wide":
+        from nopebench.impls.native import hopper_wide_decode as wide
+
+        if rope_dim:
+            raise ValueError("the 64-head kernel reads NoPE rows only")
+        constants, options = wide.launch_constants(plan, cache.shape[-1])
+        wide.hopper_wide_decode_kernel[grid](*args, tokens, **constants, **options)
+    elif plan.kernel == "hopper_ws":
+        from nopebench.impls.native import hopper_ws_decode as ws
+
+        if rope_dim:
+            raise ValueError("the warp-specialised kernel reads NoPE rows only")
+        constants, options = ws.launch_constants(plan, cache.shape[-1])
+        ws.hopper_ws_decode_kernel[grid](*args, tokens, **constants, **options)
+    else:
+        k.sparse_decode_kernel[grid](
+            *args, BLOCK_H=plan.block_h, BLOCK_N=plan.block_n, ROW_BYTES=cache.shape[-1], ROPE=bool(rope_dim),
+            HEAD_BLOCKS=plan.head_blocks, PREFETCH=plan.prefetch, NUM_STAGES=plan.num_stages,
+            F32_DOT=_interpreting(), FACTORED=plan.factored, num_warps=plan.num_warps)
+    if plan.splits > 1:
+        k.combine_kernel[(tokens * heads,)](
+            part, part_lse, out, lse, heads, plan.splits,
+            part.stride(0), part.stride(1), part.stride(2), part_lse.stride(0), part_lse.stride(1),
+            out.stride(0), out.stride(1),
+            BLOCK_S=next_pow2(plan.splits), num_warps=4,
+        )
+    return DecodeOutput(out, lse)
+
+
+def _unsupported(problem: DecodeProblem) -> str | None:
+    if not problem.q.is_cuda:
+        return "native needs a CUDA GPU (Triton kernel); none is visible"
+    major, minor = torch.cuda.get_device_capability(problem.q.device)
+    if major < 8:
+        return f"native needs SM80 or newer; this GPU is SM{major}{minor}"
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return "native needs the triton package"
+    return None
+
+
+def _prepare(problem: DecodeProblem) -> DecodeRun:
+    plan = choose_plan(problem.tokens, problem.heads, problem.width, problem.rope_dim, problem.q.device)
+    buffers = DecodeBuffers.allocate(problem.tokens, problem.heads, plan, problem.q.device)
+
+    def run() -> DecodeOutput:
+        return native_decode(problem.q, problem.cache, problem.indices, problem.softmax_scale, problem.rope_dim,
+                             plan, buffers)
+
+    return run
+
+
+def native_spec() -> ImplSpec:
+    return ImplSpec(
+        name="native",
+        description="nopebench kernel (Gluon/wgmma on SM90, portable Triton elsewhere): packed fp8 rows read "
+                    "in place, dequantized on chip",
+        unsupported=_unsupported,
+        prepare=_prepare,
+    )

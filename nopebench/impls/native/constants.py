@@ -1,0 +1,36 @@
+"""Every constant the native decode kernels, their planners and their build share.
+
+Row offsets come from `geometry` (the one description of the fp8_ds_mla row); the kernels take
+them as compile-time constants from here, never as literals of their own.
+"""
+
+from __future__ import annotations
+
+from nopebench import geometry as g
+
+# The row, as the kernels address it.
+SCALE_OFFSET = g.SCALE_OFFSET  # bytes 512:528: four fp32 tile scales
+ROPE_OFFSET = g.ROPE_OFFSET  # bytes 528:656: 64 bf16 RoPE lanes (zero for NoPE)
+TILE = g.TILE  # fp8 latent values per scale
+INDEX_BYTES = 4  # the int32 top-k entry a gather ring stages beside its row
+# Shared-memory bytes one gathered NoPE row takes in a ring slot: latent, scales, index entry.
+RING_ROW_BYTES = g.LATENT_DIM + 4 * g.N_TILES + INDEX_BYTES
+RING_ROPE_BYTES = 2 * g.ROPE_DIM  # and the RoPE lanes, when the kernel reads them
+
+# The machine the SM90 planners plan for.
+DEFAULT_SMS = 132  # H200/H100 SXM; the real count is read from the device when there is one
+HOPPER_SMEM = 232448  # opt-in shared memory per block on H100/H200 (227 KB)
+
+# The warp-specialised kernel (hopper_ws_decode).
+WS_RING_ROWS = 32  # rows per gather-ring slot (4 per producer warp)
+WS_MAX_BLOCK_H = 32  # one consumer warpgroup holds O^T (512 x heads, fp32) in registers
+# Ring slots with separate scorer and accumulator: two were fastest on the H200 at 16 heads
+# (results/reference/decode-tuning/hopper-ws/); one consumer takes all that fit.
+WS_SPLIT_SLOTS = 2
+
+# The 64-head kernel (hopper_wide_decode).
+WIDE_BLOCK_H = 64  # one wgmma M of heads, the output split across two warpgroups
+WIDE_BLOCK_N = 64  # rows per block (32-row blocks with three tiles measured slower)
+WIDE_KV_BUFS = 2  # dequantized tiles: the producer fills one while the consumers read the other
+WIDE_P_BUFS = 1  # P tiles handed from the scorer to the right warpgroup
+WIDE_RING_ROWS = 16  # its producer's ring slot: 4 rows per warp, one warpgroup
