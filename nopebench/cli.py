@@ -20,10 +20,21 @@ app = typer.Typer(
     add_completion=False,
 )
 
-ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Model config: a YAML path or a name under configs/models/.")]
-BenchModelOpt = Annotated[str | None, typer.Option("--model", "-m", help="Model config, replacing the bench config's.")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Also print the result records as JSON on stdout.")]
-ResultsOpt = Annotated[Path | None, typer.Option("--results-dir", help="Root for run directories (default: results/).")]
+ModelOpt = Annotated[
+    str,
+    typer.Option(
+        "--model", "-m", help="Model config: a YAML path or a name under configs/models/."
+    ),
+]
+BenchModelOpt = Annotated[
+    str | None, typer.Option("--model", "-m", help="Model config, replacing the bench config's.")
+]
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Also print the result records as JSON on stdout.")
+]
+ResultsOpt = Annotated[
+    Path | None, typer.Option("--results-dir", help="Root for run directories (default: results/).")
+]
 
 
 def _dispatch(fn: Callable[[], int]) -> None:
@@ -45,23 +56,43 @@ def _dispatch(fn: Callable[[], int]) -> None:
 
 @app.command()
 def build(
-    arch: Annotated[str | None, typer.Option(help="Comma-separated targets, e.g. sm_90a,sm_120a (default: the local GPU).")] = None,
-    compile_only: Annotated[bool, typer.Option("--compile-only", help="Build sm_90a, sm_100a and sm_120a and the SM90 decode kernel without a GPU; load nothing.")] = False,
-    force: Annotated[bool, typer.Option("--force", help="Rebuild even when the source hash is unchanged.")] = False,
+    arch: Annotated[
+        str | None,
+        typer.Option(help="Comma-separated targets, e.g. sm_90a,sm_120a (default: the local GPU)."),
+    ] = None,
+    compile_only: Annotated[
+        bool,
+        typer.Option(
+            "--compile-only",
+            help="Build sm_90a, sm_100a and sm_120a and the SM90 decode kernel without a GPU; load nothing.",
+        ),
+    ] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Rebuild even when the source hash is unchanged.")
+    ] = False,
 ) -> None:
     """Compile the CUDA cache kernels (cached by source hash); --compile-only also the SM90 decode kernel."""
     from nopebench.commands import build as command
 
-    _dispatch(lambda: command.execute(o.BuildOptions(arch=arch, compile_only=compile_only, force=force)))
+    _dispatch(
+        lambda: command.execute(o.BuildOptions(arch=arch, compile_only=compile_only, force=force))
+    )
 
 
 @app.command("verify-layout")
 def verify_layout(
     model: ModelOpt = o.DEFAULT_MODEL,
     impl: Annotated[str, typer.Option(help="reference, cuda or all.")] = o.VerifyLayoutOptions.impl,
-    tokens: Annotated[int, typer.Option(min=1, max=1 << 20, help="Tokens written per case.")] = o.VerifyLayoutOptions.tokens,
-    seed: Annotated[int, typer.Option(help="Base seed; each case derives its own from its id.")] = 0,
-    sweep: Annotated[bool, typer.Option("--sweep", help="The full grid: T x block size x row size x scale format.")] = False,
+    tokens: Annotated[
+        int, typer.Option(min=1, max=1 << 20, help="Tokens written per case.")
+    ] = o.VerifyLayoutOptions.tokens,
+    seed: Annotated[
+        int, typer.Option(help="Base seed; each case derives its own from its id.")
+    ] = 0,
+    sweep: Annotated[
+        bool,
+        typer.Option("--sweep", help="The full grid: T x block size x row size x scale format."),
+    ] = False,
     results_dir: ResultsOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -88,58 +119,109 @@ def check_pagetable(
 
 @app.command("bench-decode")
 def bench_decode(
-    config: Annotated[str, typer.Option("--config", "-c", help="Bench config: a YAML path or a name under configs/bench/.")] = o.DEFAULT_BENCH_CONFIG,
+    config: Annotated[
+        str,
+        typer.Option(
+            "--config", "-c", help="Bench config: a YAML path or a name under configs/bench/."
+        ),
+    ] = o.DEFAULT_BENCH_CONFIG,
     model: BenchModelOpt = None,
-    impl: Annotated[list[str] | None, typer.Option(help="Implementations to run (repeat); default: the config's.")] = None,
-    quick: Annotated[bool, typer.Option("--quick", help="A small grid and short timing budget.")] = False,
-    baseline: Annotated[Path | None, typer.Option(help="A previous bench-decode results.csv to mark regressions against.")] = None,
+    impl: Annotated[
+        list[str] | None,
+        typer.Option(help="Implementations to run (repeat); default: the config's."),
+    ] = None,
+    quick: Annotated[
+        bool, typer.Option("--quick", help="A small grid and short timing budget.")
+    ] = False,
+    baseline: Annotated[
+        Path | None,
+        typer.Option(help="A previous bench-decode results.csv to mark regressions against."),
+    ] = None,
     results_dir: ResultsOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Check, then time, sparse MLA decode: native NoPE against the zero-padded shim and FlashInfer."""
     from nopebench.commands import bench_decode as command
 
-    opts = o.BenchDecodeOptions(config=config, model=model, impls=tuple(impl or ()), quick=quick,
-                                baseline=baseline, output=o.Output(results_dir, json_out))
+    opts = o.BenchDecodeOptions(
+        config=config,
+        model=model,
+        impls=tuple(impl or ()),
+        quick=quick,
+        baseline=baseline,
+        output=o.Output(results_dir, json_out),
+    )
     _dispatch(lambda: command.execute(opts))
 
 
 @app.command("bench-cache")
 def bench_cache(
-    tokens: Annotated[str | None, typer.Option(help="Comma-separated token counts (default: "
-                                                 f"{','.join(map(str, o.DEFAULT_CACHE_TOKENS))}; "
-                                                 f"--quick: {','.join(map(str, o.QUICK_CACHE_TOKENS))}).")] = None,
-    quick: Annotated[bool, typer.Option("--quick", help="Fewer sizes and a short timing budget.")] = False,
+    tokens: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated token counts (default: "
+            f"{','.join(map(str, o.DEFAULT_CACHE_TOKENS))}; "
+            f"--quick: {','.join(map(str, o.QUICK_CACHE_TOKENS))})."
+        ),
+    ] = None,
+    quick: Annotated[
+        bool, typer.Option("--quick", help="Fewer sizes and a short timing budget.")
+    ] = False,
     results_dir: ResultsOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Throughput of the CUDA cache write and gather/upconvert kernels against the torch reference."""
     from nopebench.commands import bench_cache as command
 
-    _dispatch(lambda: command.execute(o.BenchCacheOptions(
-        tokens=o.parse_token_list(tokens) if tokens else None, quick=quick,
-        output=o.Output(results_dir, json_out))))
+    _dispatch(
+        lambda: command.execute(
+            o.BenchCacheOptions(
+                tokens=o.parse_token_list(tokens) if tokens else None,
+                quick=quick,
+                output=o.Output(results_dir, json_out),
+            )
+        )
+    )
 
 
 @app.command()
 def gsm8k(
-    config: Annotated[str, typer.Option("--config", "-c", help="GSM8K config: a YAML path or a name under configs/gsm8k/.")],
-    base_url: Annotated[str | None, typer.Option(help="Server root, e.g. http://127.0.0.1:8000 (overrides the config).")] = None,
-    limit: Annotated[int | None, typer.Option(min=1, help="Evaluate only the first N problems.")] = None,
-    data: Annotated[Path | None, typer.Option(help="Directory with train.jsonl and test.jsonl (overrides the config).")] = None,
-    resume: Annotated[Path | None, typer.Option(help="A failed run's directory: reuse its finished generations.")] = None,
+    config: Annotated[
+        str,
+        typer.Option(
+            "--config", "-c", help="GSM8K config: a YAML path or a name under configs/gsm8k/."
+        ),
+    ],
+    base_url: Annotated[
+        str | None,
+        typer.Option(help="Server root, e.g. http://127.0.0.1:8000 (overrides the config)."),
+    ] = None,
+    limit: Annotated[
+        int | None, typer.Option(min=1, help="Evaluate only the first N problems.")
+    ] = None,
+    data: Annotated[
+        Path | None,
+        typer.Option(help="Directory with train.jsonl and test.jsonl (overrides the config)."),
+    ] = None,
+    resume: Annotated[
+        Path | None, typer.Option(help="A failed run's directory: reuse its finished generations.")
+    ] = None,
     results_dir: ResultsOpt = None,
 ) -> None:
     """GSM8K through lm-eval against an OpenAI-compatible server (launched or given)."""
     from nopebench.commands import gsm8k as command
 
-    _dispatch(lambda: command.execute(o.Gsm8kOptions(config, base_url, limit, data, resume, results_dir)))
+    _dispatch(
+        lambda: command.execute(o.Gsm8kOptions(config, base_url, limit, data, resume, results_dir))
+    )
 
 
 @app.command()
 def run(
     model: ModelOpt = o.DEFAULT_MODEL,
-    gsm8k_config: Annotated[str | None, typer.Option("--gsm8k", help="Also run GSM8K with this config.")] = None,
+    gsm8k_config: Annotated[
+        str | None, typer.Option("--gsm8k", help="Also run GSM8K with this config.")
+    ] = None,
     results_dir: ResultsOpt = None,
 ) -> None:
     """The main job: every check this machine can run, then a report."""
@@ -150,8 +232,16 @@ def run(
 
 @app.command()
 def report(
-    runs: Annotated[list[Path] | None, typer.Argument(help="Run directories (default: the latest run of each kind).")] = None,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Report directory (default: a new one under results/report/).")] = None,
+    runs: Annotated[
+        list[Path] | None,
+        typer.Argument(help="Run directories (default: the latest run of each kind)."),
+    ] = None,
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "--output", "-o", help="Report directory (default: a new one under results/report/)."
+        ),
+    ] = None,
     results_dir: ResultsOpt = None,
 ) -> None:
     """Turn run directories into one Markdown report with PNG plots."""

@@ -63,22 +63,40 @@ def close(
     `max_mismatch` is the fraction of elements allowed outside the element rule: 0 (FlashMLA's
     rule) unless an implementation's accuracy class says otherwise."""
     if out.shape != ref.shape:
-        return Comparison(False, float("inf"), 1.0, float("inf"), None, None, None,
-                          f"shape {tuple(out.shape)} != reference {tuple(ref.shape)}")
+        return Comparison(
+            False,
+            float("inf"),
+            1.0,
+            float("inf"),
+            None,
+            None,
+            None,
+            f"shape {tuple(out.shape)} != reference {tuple(ref.shape)}",
+        )
     o, r = out.double(), ref.double()
     finite_pattern = torch.isfinite(o) == torch.isfinite(r)
     same_nonfinite = ~torch.isfinite(r) & ((o == r) | (torch.isnan(o) & torch.isnan(r)))
     if not bool(finite_pattern.all()) or not bool((same_nonfinite | torch.isfinite(r)).all()):
         bad = (~finite_pattern | (~torch.isfinite(r) & ~same_nonfinite)).nonzero()[0].tolist()
-        return Comparison(False, float("inf"), 1.0, float("inf"), tuple(bad), float(o[tuple(bad)]),
-                          float(r[tuple(bad)]), f"NaN/inf pattern differs at {tuple(bad)}")
+        return Comparison(
+            False,
+            float("inf"),
+            1.0,
+            float("inf"),
+            tuple(bad),
+            float(o[tuple(bad)]),
+            float(r[tuple(bad)]),
+            f"NaN/inf pattern differs at {tuple(bad)}",
+        )
     finite = torch.isfinite(r)
     err = torch.where(finite, (o - r).abs(), torch.zeros_like(o))
     ok = (err <= abs_tol) | (err <= rel_tol * r.abs())
     mismatch = float((~ok).double().mean()) if ok.numel() else 0.0
     cos = cosine_difference(torch.where(finite, o, 0), torch.where(finite, r, 0))
     max_err = float(err.max()) if err.numel() else 0.0
-    worst = tuple(int(i) for i in torch.unravel_index(err.argmax(), err.shape)) if err.numel() else None
+    worst = (
+        tuple(int(i) for i in torch.unravel_index(err.argmax(), err.shape)) if err.numel() else None
+    )
     passed = mismatch <= max_mismatch and cos < cos_tol
     detail = "ok"
     if not passed:
@@ -87,5 +105,13 @@ def close(
             f"cos diff {cos:.3g} "
             f"(limit {cos_tol:g}); worst at {worst}: {float(o[worst]):.6g} vs reference {float(r[worst]):.6g}"
         )
-    return Comparison(passed, max_err, mismatch, cos, worst,
-                      float(o[worst]) if worst else None, float(r[worst]) if worst else None, detail)
+    return Comparison(
+        passed,
+        max_err,
+        mismatch,
+        cos,
+        worst,
+        float(o[worst]) if worst else None,
+        float(r[worst]) if worst else None,
+        detail,
+    )

@@ -65,8 +65,13 @@ class ModelConfig(StrictModel):
                 f"num_heads = {self.num_heads} / tensor_parallel = {self.tensor_parallel} gives "
                 f"{self.heads_per_gpu} heads per GPU; sparse MLA kernels take at most 128"
             )
-        if None not in (self.sparse_layers, self.num_layers) and self.sparse_layers > self.num_layers:
-            raise ValueError(f"sparse_layers = {self.sparse_layers} exceeds num_layers = {self.num_layers}")
+        if (
+            None not in (self.sparse_layers, self.num_layers)
+            and self.sparse_layers > self.num_layers
+        ):
+            raise ValueError(
+                f"sparse_layers = {self.sparse_layers} exceeds num_layers = {self.num_layers}"
+            )
         return self
 
     @property

@@ -29,7 +29,9 @@ def error_line(message: str) -> None:
     The message is escaped: paths, keys and values in it are data, and text such as '[/x]' in a
     file name would otherwise be parsed as rich markup (and raise MarkupError).
     """
-    err_console.print(f"[bold red]nopebench: error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    err_console.print(
+        f"[bold red]nopebench: error:[/] {escape(message)}", highlight=False, soft_wrap=True
+    )
 
 
 def fmt(value: object, digits: int = 4) -> str:
@@ -72,8 +74,16 @@ def new_progress(transient: bool = True) -> Progress:
     Shown only on a terminal: piped or captured, rich would still end the bar with a stray
     blank line, so an error after it would no longer be the one line on stderr.
     """
-    columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
-    return Progress(*columns, console=err_console, transient=transient, disable=not err_console.is_terminal)
+    columns = [
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    ]
+    return Progress(
+        *columns, console=err_console, transient=transient, disable=not err_console.is_terminal
+    )
 
 
 @contextmanager
@@ -83,6 +93,8 @@ def progress_bar(description: str, total: int | None, transient: bool = True):
         task = bar.add_task(description, total=total)
 
         def advance(label: str | None = None) -> None:
-            bar.update(task, advance=1, description=f"{description}: {label}" if label else description)
+            bar.update(
+                task, advance=1, description=f"{description}: {label}" if label else description
+            )
 
         yield advance

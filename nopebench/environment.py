@@ -31,11 +31,16 @@ def git_state() -> dict[str, Any]:
     to a GPU machine knows the commit, while a .git carried along with the copy may be stale.
     """
     if os.environ.get("NOPEBENCH_GIT_SHA"):
-        return {"git_sha": os.environ["NOPEBENCH_GIT_SHA"], "git_dirty": os.environ.get("NOPEBENCH_GIT_DIRTY") == "1"}
+        return {
+            "git_sha": os.environ["NOPEBENCH_GIT_SHA"],
+            "git_dirty": os.environ.get("NOPEBENCH_GIT_DIRTY") == "1",
+        }
 
     def git(*args: str) -> str | None:
         try:
-            out = subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, timeout=10)
+            out = subprocess.run(
+                ["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, timeout=10
+            )
         except (OSError, subprocess.TimeoutExpired):
             return None
         return out.stdout.strip() if out.returncode == 0 else None
@@ -57,7 +62,9 @@ def gpu_info() -> dict[str, Any]:
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", "-i", "0"],
-            capture_output=True, text=True, timeout=20,
+            capture_output=True,
+            text=True,
+            timeout=20,
         )
         driver = out.stdout.strip() or None
     except (OSError, subprocess.TimeoutExpired):

@@ -33,7 +33,9 @@ def topk_buffer_width(index_topk: int, index_kpool: int) -> int:
     a multiple of 128: round_up(index_topk + index_kpool - 1, 128). 2048 + 4 - 1 -> 2176.
     """
     if index_topk <= 0 or index_kpool <= 0:
-        raise ValueError(f"index_topk and index_kpool must be positive, got {index_topk}, {index_kpool}")
+        raise ValueError(
+            f"index_topk and index_kpool must be positive, got {index_topk}, {index_kpool}"
+        )
     return round_up(index_topk + index_kpool - 1, TOPK_ALIGN)
 
 

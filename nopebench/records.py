@@ -66,7 +66,9 @@ class RunDir:
     header: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def create(cls, kind: str, root: Path | None = None, command: list[str] | None = None) -> RunDir:
+    def create(
+        cls, kind: str, root: Path | None = None, command: list[str] | None = None
+    ) -> RunDir:
         root = Path(root) if root is not None else DEFAULT_RESULTS
         # Microseconds, so that ids of runs started within one second still sort by time.
         stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
@@ -83,7 +85,9 @@ class RunDir:
 
     def finish(self, status: str, summary: dict[str, Any] | None = None) -> Path:
         """Write run.json last, with status 'passed', 'failed' or 'error'."""
-        return write_json(self.path / RUN_FILE, {**self.header, "status": status, "summary": summary or {}})
+        return write_json(
+            self.path / RUN_FILE, {**self.header, "status": status, "summary": summary or {}}
+        )
 
 
 def read_run(path: Path) -> dict[str, Any]:

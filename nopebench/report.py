@@ -40,7 +40,9 @@ def runs_under(root: Path) -> list[Path]:
     found = []
     if not root.is_dir():
         return found
-    for kind_dir in sorted(p for p in root.iterdir() if p.is_dir() and p.name not in EXCLUDED_KINDS):
+    for kind_dir in sorted(
+        p for p in root.iterdir() if p.is_dir() and p.name not in EXCLUDED_KINDS
+    ):
         runs = sorted(p for p in kind_dir.iterdir() if p.is_dir() and _is_run(p) and _finished(p))
         if runs:
             found.append(runs[-1])
@@ -60,7 +62,9 @@ def collect_runs(paths: list[Path] | None, results_root: Path) -> list[Path]:
         if main:  # the newest main job already holds a run of each step
             runs = [main[0], *runs_under(main[0])]
         if not runs:
-            raise UsageError(f"no finished runs under {results_root}: run `nopebench run` (or any check) first")
+            raise UsageError(
+                f"no finished runs under {results_root}: run `nopebench run` (or any check) first"
+            )
         return runs
     runs = []
     for path in paths:
@@ -109,32 +113,72 @@ def section_environment(runs: list[Path]) -> str:
         h = read_run(run)
         v = h.get("versions", {})
         sha = h.get("git_sha") or "-"
-        rows.append([h.get("kind"), h.get("status"), h.get("timestamp"), h.get("gpu") or "none (CPU)",
-                     h.get("driver"), v.get("torch"), v.get("triton"), v.get("flashinfer-python"),
-                     f"{sha[:12]}{' (dirty)' if h.get('git_dirty') else ''}", f"`{h.get('command')}`"])
+        rows.append(
+            [
+                h.get("kind"),
+                h.get("status"),
+                h.get("timestamp"),
+                h.get("gpu") or "none (CPU)",
+                h.get("driver"),
+                v.get("torch"),
+                v.get("triton"),
+                v.get("flashinfer-python"),
+                f"{sha[:12]}{' (dirty)' if h.get('git_dirty') else ''}",
+                f"`{h.get('command')}`",
+            ]
+        )
     return "## Runs and environment\n\n" + md_table(
-        ["kind", "status", "when (UTC)", "GPU", "driver", "torch", "triton", "flashinfer", "git", "command"], rows)
+        [
+            "kind",
+            "status",
+            "when (UTC)",
+            "GPU",
+            "driver",
+            "torch",
+            "triton",
+            "flashinfer",
+            "git",
+            "command",
+        ],
+        rows,
+    )
 
 
 def section_run(run: Path, assets: Path) -> str:
-    steps = read_run(run).get("summary", {}).get("steps") or json.loads((run / "steps.json").read_text())
+    steps = read_run(run).get("summary", {}).get("steps") or json.loads(
+        (run / "steps.json").read_text()
+    )
     return "## Main job (`nopebench run`)\n\n" + md_table(
-        ["step", "result", "seconds", "detail"], [[s["step"], s["status"], s["seconds"], s["detail"]] for s in steps])
+        ["step", "result", "seconds", "detail"],
+        [[s["step"], s["status"], s["seconds"], s["detail"]] for s in steps],
+    )
 
 
 def section_verify_layout(run: Path, assets: Path) -> str:
     df = _csv(run, "checks.csv")
     if df is None:
         return _generic(run, assets)
-    g = df.groupby(["impl", "check"], sort=False).agg(cases=("case", "nunique"), rows=("rows", "sum"),
-                                                       passed=("passed", "all"), worst=("worst", "max")).reset_index()
+    g = (
+        df.groupby(["impl", "check"], sort=False)
+        .agg(
+            cases=("case", "nunique"),
+            rows=("rows", "sum"),
+            passed=("passed", "all"),
+            worst=("worst", "max"),
+        )
+        .reset_index()
+    )
     summary = read_run(run).get("summary", {})
     skipped = "".join(f"\n- `{k}` not run: {v}" for k, v in (summary.get("skipped") or {}).items())
-    return (f"## KV-cache row layout (`verify-layout`, model {summary.get('model')})\n\n"
-            "Each row written into a sentinel-filled cache and checked byte for byte against an independent "
-            "construction. `worst` is the number of mismatching rows for byte checks and the largest "
-            "error / e4m3-bound ratio for the dequantization check (<= 1 passes).\n\n"
-            + md_table(["impl", "check", "cases", "rows", "result", "worst"], g.values.tolist()) + skipped + "\n")
+    return (
+        f"## KV-cache row layout (`verify-layout`, model {summary.get('model')})\n\n"
+        "Each row written into a sentinel-filled cache and checked byte for byte against an independent "
+        "construction. `worst` is the number of mismatching rows for byte checks and the largest "
+        "error / e4m3-bound ratio for the dequantization check (<= 1 passes).\n\n"
+        + md_table(["impl", "check", "cases", "rows", "result", "worst"], g.values.tolist())
+        + skipped
+        + "\n"
+    )
 
 
 def section_pagetable(run: Path, assets: Path) -> str:
@@ -144,22 +188,55 @@ def section_pagetable(run: Path, assets: Path) -> str:
     cols = [c for c in ("check", "impl", "layout", "sizing", "result", "detail") if c in df.columns]
     rows = [[_short(r[c]) for c in cols] for _, r in df.iterrows()]
     summary = read_run(run).get("summary", {})
-    text = (f"## Sparse page-table sizing (`check-pagetable`, model {summary.get('model')}, "
-            f"FlashInfer {summary.get('flashinfer')})\n\n" + md_table(cols, rows))
+    text = (
+        f"## Sparse page-table sizing (`check-pagetable`, model {summary.get('model')}, "
+        f"FlashInfer {summary.get('flashinfer')})\n\n" + md_table(cols, rows)
+    )
     widths = _csv(run, "widths.csv")
-    if widths is not None and {"index_topk", "kpool", "width", "max_active", "pre_fix_sparse_mla_top_k"} <= set(widths.columns):
+    if widths is not None and {
+        "index_topk",
+        "kpool",
+        "width",
+        "max_active",
+        "pre_fix_sparse_mla_top_k",
+    } <= set(widths.columns):
         from nopebench.plots import grouped_bars
 
-        point = [f"topk {t}, kpool {k}" for t, k in zip(widths.index_topk, widths.kpool, strict=True)]
+        point = [
+            f"topk {t}, kpool {k}" for t, k in zip(widths.index_topk, widths.kpool, strict=True)
+        ]
         topk = widths.pre_fix_sparse_mla_top_k
-        long = pd.concat([
-            pd.DataFrame({"point": point, "what": "valid entries past index_topk (kpool - 1)", "value": widths.max_active - topk}),
-            pd.DataFrame({"point": point, "what": "buffer columns past index_topk (width - index_topk)", "value": widths.width - topk}),
-        ])
-        path = grouped_bars(long, "point", "what", "value", "what the pre-fix sizing (sparse_mla_top_k = index_topk) misses",
-                            "entries", assets / "pagetable_widths.png")
-        text += ("\nWherever a bar is above zero the pre-fix sizing does not match the buffer: FlashInfer rejects the "
-                 f"call, or a kernel would ignore valid entries.\n\n![page-table widths]({path.name})\n")
+        long = pd.concat(
+            [
+                pd.DataFrame(
+                    {
+                        "point": point,
+                        "what": "valid entries past index_topk (kpool - 1)",
+                        "value": widths.max_active - topk,
+                    }
+                ),
+                pd.DataFrame(
+                    {
+                        "point": point,
+                        "what": "buffer columns past index_topk (width - index_topk)",
+                        "value": widths.width - topk,
+                    }
+                ),
+            ]
+        )
+        path = grouped_bars(
+            long,
+            "point",
+            "what",
+            "value",
+            "what the pre-fix sizing (sparse_mla_top_k = index_topk) misses",
+            "entries",
+            assets / "pagetable_widths.png",
+        )
+        text += (
+            "\nWherever a bar is above zero the pre-fix sizing does not match the buffer: FlashInfer rejects the "
+            f"call, or a kernel would ignore valid entries.\n\n![page-table widths]({path.name})\n"
+        )
     return text
 
 
@@ -176,27 +253,63 @@ def section_bench_decode(run: Path, assets: Path) -> str:
     timed = acceptance.timed(df)
     pivot = timed.pivot_table(index="case", columns="impl", values="median_ms", sort=False)
     roof = timed.pivot_table(index="case", columns="impl", values="pct_roofline", sort=False)
-    rows = [[case, *[f"{pivot.loc[case, i]:.4f} ({roof.loc[case, i]:.0f}%)" if not pd.isna(pivot.loc[case, i]) else "-"
-                     for i in pivot.columns]] for case in pivot.index]
+    rows = [
+        [
+            case,
+            *[
+                f"{pivot.loc[case, i]:.4f} ({roof.loc[case, i]:.0f}%)"
+                if not pd.isna(pivot.loc[case, i])
+                else "-"
+                for i in pivot.columns
+            ],
+        ]
+        for case in pivot.index
+    ]
     speed = acceptance.nope_speedups(df)
     crit = acceptance.criteria(df)
-    text = (f"## Sparse decode (`bench-decode`)\n\nCeilings measured in the same run: copy "
-            f"{ceil.get('copy_gbps', float('nan')):.0f} GB/s, bf16 matmul {ceil.get('matmul_tflops', float('nan')):.0f} TFLOP/s. "
-            "Cells: median ms over CUDA-graph replays with rotating inputs (% of roofline = the larger of "
-            "bytes / copy bandwidth and FLOPs / matmul rate, over the time). Every timed cell passed its "
-            "correctness check against the reference in the same run.\n\n"
-            + md_table(["case", *pivot.columns], rows))
+    text = (
+        f"## Sparse decode (`bench-decode`)\n\nCeilings measured in the same run: copy "
+        f"{ceil.get('copy_gbps', float('nan')):.0f} GB/s, bf16 matmul {ceil.get('matmul_tflops', float('nan')):.0f} TFLOP/s. "
+        "Cells: median ms over CUDA-graph replays with rotating inputs (% of roofline = the larger of "
+        "bytes / copy bandwidth and FLOPs / matmul rate, over the time). Every timed cell passed its "
+        "correctness check against the reference in the same run.\n\n"
+        + md_table(["case", *pivot.columns], rows)
+    )
     if not speed.empty:
         text += "\n### NoPE over the zero-padded shim (shim ms / NoPE ms)\n\n" + md_table(
             ["impl", "heads", "tokens", "width", "NoPE ms", "shim ms", "speed-up"],
-            [[r.impl, r.heads, r.query_tokens, r.width, r.nope_ms, r.shim_ms, f"{r.nope_speedup:.3f}x"] for r in speed.itertuples()])
+            [
+                [
+                    r.impl,
+                    r.heads,
+                    r.query_tokens,
+                    r.width,
+                    r.nope_ms,
+                    r.shim_ms,
+                    f"{r.nope_speedup:.3f}x",
+                ]
+                for r in speed.itertuples()
+            ],
+        )
     text += "\n### Issue 5 acceptance\n\n" + md_table(
         ["criterion", "measured", "spread", "target", "result"],
-        [[c.name, c.measured, acceptance.spread_band(c), c.target,
-          "not measured" if c.passed is None else md_cell(c.passed) + (" (within spread)" if c.within_spread else "")]
-         for c in crit])
-    text += ("\n\nSpread: the sum of the two cells' (p90 - p10) / median. *Within spread*: the ratio is "
-             "nearer its target than that, so another run could give the other verdict.\n")
+        [
+            [
+                c.name,
+                c.measured,
+                acceptance.spread_band(c),
+                c.target,
+                "not measured"
+                if c.passed is None
+                else md_cell(c.passed) + (" (within spread)" if c.within_spread else ""),
+            ]
+            for c in crit
+        ],
+    )
+    text += (
+        "\n\nSpread: the sum of the two cells' (p90 - p10) / median. *Within spread*: the ratio is "
+        "nearer its target than that, so another run could give the other verdict.\n"
+    )
     skipped = df[df.skipped.notna()].drop_duplicates("impl") if "skipped" in df else df.iloc[0:0]
     text += "".join(f"\n- `{r.impl}` not run: {r.skipped}" for r in skipped.itertuples())
     text += "\n" + "".join(f"\n![{p.stem}]({p.name})\n" for p in plots)
@@ -210,33 +323,82 @@ def section_bench_cache(run: Path, assets: Path) -> str:
     if df is None or not {"op", "variant", "tokens", "impl", "gbps"} <= set(df.columns):
         return _generic(run, assets)
     summary = read_run(run).get("summary", {})
-    cuda, torch_ref = df[df.impl == "cuda"], df[df.impl == "torch"].set_index(["op", "variant", "tokens"])
+    cuda, torch_ref = (
+        df[df.impl == "cuda"],
+        df[df.impl == "torch"].set_index(["op", "variant", "tokens"]),
+    )
     rows = []
     for r in cuda.itertuples():
-        ref = torch_ref.loc[(r.op, r.variant, r.tokens)] if (r.op, r.variant, r.tokens) in torch_ref.index else None
-        rows.append([r.op, r.variant, r.tokens, r.median_ms, r.gbps, r.pct_copy,
-                     None if ref is None else ref.gbps, r.speedup, bool(r.check_passed) and pd.isna(r.error)])
-    text = (f"## Cache kernels (`bench-cache`)\n\nCopy bandwidth measured in the same run: "
-            f"{summary.get('copy_gbps', float('nan')):.0f} GB/s (read + write). Issue 3 targets at T >= "
-            f"{summary.get('targets', {}).get('min_tokens', 65536)}: {'all met' if summary.get('all_targets_met') else 'NOT all met'}.\n\n"
-            + md_table(["op", "rows", "tokens", "cuda ms", "cuda GB/s", "% copy", "torch GB/s", "speed-up", "bit-exact"], rows))
-    data = df[df.gbps.notna()].assign(series=lambda d: d.impl + " " + d.variant, panel=lambda d: d.op)
+        ref = (
+            torch_ref.loc[(r.op, r.variant, r.tokens)]
+            if (r.op, r.variant, r.tokens) in torch_ref.index
+            else None
+        )
+        rows.append(
+            [
+                r.op,
+                r.variant,
+                r.tokens,
+                r.median_ms,
+                r.gbps,
+                r.pct_copy,
+                None if ref is None else ref.gbps,
+                r.speedup,
+                bool(r.check_passed) and pd.isna(r.error),
+            ]
+        )
+    text = (
+        f"## Cache kernels (`bench-cache`)\n\nCopy bandwidth measured in the same run: "
+        f"{summary.get('copy_gbps', float('nan')):.0f} GB/s (read + write). Issue 3 targets at T >= "
+        f"{summary.get('targets', {}).get('min_tokens', 65536)}: {'all met' if summary.get('all_targets_met') else 'NOT all met'}.\n\n"
+        + md_table(
+            [
+                "op",
+                "rows",
+                "tokens",
+                "cuda ms",
+                "cuda GB/s",
+                "% copy",
+                "torch GB/s",
+                "speed-up",
+                "bit-exact",
+            ],
+            rows,
+        )
+    )
+    data = df[df.gbps.notna()].assign(
+        series=lambda d: d.impl + " " + d.variant, panel=lambda d: d.op
+    )
     if not data.empty:
-        path = grouped_bars(data, "tokens", "series", "gbps", "cache kernel throughput", "GB/s (log)",
-                            assets / "cache_gbps.png", facet="panel", log=True)
+        path = grouped_bars(
+            data,
+            "tokens",
+            "series",
+            "gbps",
+            "cache kernel throughput",
+            "GB/s (log)",
+            assets / "cache_gbps.png",
+            facet="panel",
+            log=True,
+        )
         text += f"\n![cache throughput]({path.name})\n"
     return text
 
 
 def section_gsm8k(run: Path, assets: Path) -> str:
     summary = read_run(run).get("summary", {})
-    rows = [[k, v if not isinstance(v, (dict, list)) else json.dumps(v)] for k, v in summary.items()]
+    rows = [
+        [k, v if not isinstance(v, (dict, list)) else json.dumps(v)] for k, v in summary.items()
+    ]
     return "## GSM8K (`gsm8k`)\n\n" + md_table(["field", "value"], rows)
 
 
 def _generic(run: Path, assets: Path) -> str:
     h = read_run(run)
-    rows = [[k, json.dumps(v) if isinstance(v, (dict, list)) else v] for k, v in (h.get("summary") or {}).items()]
+    rows = [
+        [k, json.dumps(v) if isinstance(v, (dict, list)) else v]
+        for k, v in (h.get("summary") or {}).items()
+    ]
     return f"## {h.get('kind')}\n\n" + md_table(["field", "value"], rows)
 
 
@@ -255,12 +417,14 @@ def build_report(runs: list[Path], out_dir: Path) -> Path:
     if (out_dir / "report.md").exists():
         raise UsageError(f"{out_dir}: already holds a report.md; reports never overwrite")
     out_dir.mkdir(parents=True, exist_ok=True)
-    parts = ["# nopebench report\n",
-             "NoPE sparse MLA (GLM-5.3-Flash, `qk_rope_head_dim = 0`) on FlashInfer's sparse MLA backends: "
-             "the fp8_ds_mla cache row (NoPE RoPE lanes zeroed), the sparse page table sized by the top-k "
-             "buffer width, decode speed against the zero-padded RoPE shim, and GSM8K.\n",
-             "Runs: " + ", ".join(f"`{p}`" for p in runs) + "\n",
-             section_environment(runs)]
+    parts = [
+        "# nopebench report\n",
+        "NoPE sparse MLA (GLM-5.3-Flash, `qk_rope_head_dim = 0`) on FlashInfer's sparse MLA backends: "
+        "the fp8_ds_mla cache row (NoPE RoPE lanes zeroed), the sparse page table sized by the top-k "
+        "buffer width, decode speed against the zero-padded RoPE shim, and GSM8K.\n",
+        "Runs: " + ", ".join(f"`{p}`" for p in runs) + "\n",
+        section_environment(runs),
+    ]
     for run in runs:
         kind = read_run(run).get("kind", "")
         parts.append(SECTIONS.get(kind, _generic)(run, out_dir))

@@ -51,7 +51,10 @@ def quantize_latent(kv_c: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 
 
 def pack_rows(
-    kv_c: torch.Tensor, k_pe: torch.Tensor | None, scale_format: str, row_bytes: int = g.FULL_ROW_BYTES
+    kv_c: torch.Tensor,
+    k_pe: torch.Tensor | None,
+    scale_format: str,
+    row_bytes: int = g.FULL_ROW_BYTES,
 ) -> torch.Tensor:
     """Packed rows for T tokens. kv_c [T, 512] bf16, k_pe [T, 64] bf16 or None/[T, 0] (NoPE).
 
@@ -82,33 +85,51 @@ def write_cache(
     check_cache(cache)
     row_bytes = cache.shape[-1]
     if slot_mapping.dim() != 1 or slot_mapping.shape[0] != kv_c.shape[0]:
-        raise ValueError(f"slot_mapping must be [T] with T = {kv_c.shape[0]}, got {tuple(slot_mapping.shape)}")
+        raise ValueError(
+            f"slot_mapping must be [T] with T = {kv_c.shape[0]}, got {tuple(slot_mapping.shape)}"
+        )
     if slot_mapping.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"slot_mapping must be int32 or int64, got {slot_mapping.dtype}")
     devices = [t.device for t in (kv_c, k_pe, slot_mapping) if t is not None]
     if any(d != cache.device for d in devices):
-        raise ValueError(f"kv_c, k_pe, slot_mapping and cache must share a device, got {[str(d) for d in devices]} and {cache.device}")
+        raise ValueError(
+            f"kv_c, k_pe, slot_mapping and cache must share a device, got {[str(d) for d in devices]} and {cache.device}"
+        )
     rows = pack_rows(kv_c, k_pe, scale_format, row_bytes)
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
     capacity = cache.shape[0] * cache.shape[1]
     if slots.numel():
         if int(slots.max()) >= capacity:
-            raise ValueError(f"slot {int(slots.max())} out of range for a cache of {capacity} slots")
+            raise ValueError(
+                f"slot {int(slots.max())} out of range for a cache of {capacity} slots"
+            )
         if torch.unique(slots).numel() != slots.numel():
-            raise ValueError("slot_mapping writes the same slot twice; which row wins would be unspecified")
+            raise ValueError(
+                "slot_mapping writes the same slot twice; which row wins would be unspecified"
+            )
     cache.view(capacity, row_bytes)[slots] = rows[keep]
 
 
 def split_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Views of packed rows [N, row_bytes] uint8 -> (fp8 latent [N,512], scales [N,4] fp32,
     RoPE [N,64] bf16 or None for 528-byte rows)."""
-    if rows.dtype != torch.uint8 or rows.dim() != 2 or rows.shape[1] not in (g.NOPE_ROW_BYTES, g.FULL_ROW_BYTES):
-        raise ValueError(f"rows must be uint8 [N, 528 or 656], got {rows.dtype} {tuple(rows.shape)}")
+    if (
+        rows.dtype != torch.uint8
+        or rows.dim() != 2
+        or rows.shape[1] not in (g.NOPE_ROW_BYTES, g.FULL_ROW_BYTES)
+    ):
+        raise ValueError(
+            f"rows must be uint8 [N, 528 or 656], got {rows.dtype} {tuple(rows.shape)}"
+        )
     rows = rows.contiguous()
     latent = rows[:, : g.SCALE_OFFSET].view(torch.float8_e4m3fn)
     scales = rows[:, g.SCALE_OFFSET : g.ROPE_OFFSET].contiguous().view(torch.float32)
-    rope = rows[:, g.ROPE_OFFSET :].contiguous().view(torch.bfloat16) if rows.shape[1] == g.FULL_ROW_BYTES else None
+    rope = (
+        rows[:, g.ROPE_OFFSET :].contiguous().view(torch.bfloat16)
+        if rows.shape[1] == g.FULL_ROW_BYTES
+        else None
+    )
     return latent, scales, rope
 
 
@@ -129,7 +150,9 @@ def read_slots(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     flat = cache.view(-1, cache.shape[-1])
     slots = slots.long()
     if slots.numel() and (int(slots.min()) < 0 or int(slots.max()) >= flat.shape[0]):
-        raise ValueError(f"slots must be in [0, {flat.shape[0]}), got min {int(slots.min())}, max {int(slots.max())}")
+        raise ValueError(
+            f"slots must be in [0, {flat.shape[0]}), got min {int(slots.min())}, max {int(slots.max())}"
+        )
     return flat[slots]
 
 
@@ -175,10 +198,14 @@ def gather_plan(
     if rope_dim and cache.shape[-1] != g.FULL_ROW_BYTES:
         raise ValueError(f"rope_dim 64 needs 656-byte rows, cache has {cache.shape[-1]}")
     if block_table.dim() != 2 or block_table.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"block_table must be int32/int64 [R, max_blocks], got {block_table.dtype} {tuple(block_table.shape)}")
+        raise ValueError(
+            f"block_table must be int32/int64 [R, max_blocks], got {block_table.dtype} {tuple(block_table.shape)}"
+        )
     num_req = block_table.shape[0]
     if workspace_starts.shape != (num_req,):
-        raise ValueError(f"workspace_starts must be [{num_req}], got {tuple(workspace_starts.shape)}")
+        raise ValueError(
+            f"workspace_starts must be [{num_req}], got {tuple(workspace_starts.shape)}"
+        )
     if seq_starts is not None and seq_starts.shape != (num_req,):
         raise ValueError(f"seq_starts must be [{num_req}], got {tuple(seq_starts.shape)}")
     if total_rows < 0:
@@ -186,7 +213,9 @@ def gather_plan(
     starts = workspace_starts.long().cpu()
     bounds = torch.cat([starts, torch.tensor([total_rows])])
     if num_req and (int(starts[0]) != 0 or bool((bounds[1:] < bounds[:-1]).any())):
-        raise ValueError(f"workspace_starts must start at 0 and be non-decreasing up to {total_rows}")
+        raise ValueError(
+            f"workspace_starts must start at 0 and be non-decreasing up to {total_rows}"
+        )
     if num_req == 0 and total_rows:
         raise ValueError("total_rows > 0 with no requests")
     counts = bounds[1:] - bounds[:-1]
@@ -199,10 +228,14 @@ def gather_plan(
     block_size = cache.shape[1]
     block_col = pos // block_size
     if total_rows and int(block_col.max()) >= block_table.shape[1]:
-        raise ValueError(f"a request reads position {int(pos.max())}, past its block_table row of {block_table.shape[1]} blocks")
+        raise ValueError(
+            f"a request reads position {int(pos.max())}, past its block_table row of {block_table.shape[1]} blocks"
+        )
     blocks = block_table.long().cpu()[request, block_col]
     if total_rows and (int(blocks.min()) < 0 or int(blocks.max()) >= cache.shape[0]):
-        raise ValueError(f"block_table holds a block id outside [0, {cache.shape[0]}) for a gathered position")
+        raise ValueError(
+            f"block_table holds a block id outside [0, {cache.shape[0]}) for a gathered position"
+        )
     return (blocks * block_size + pos % block_size).to(cache.device)
 
 
@@ -213,7 +246,9 @@ def check_scale_format(scale_format: str) -> None:
 
 def check_cache(cache: torch.Tensor) -> None:
     if cache.dtype != torch.uint8 or cache.dim() != 3:
-        raise ValueError(f"cache must be uint8 [num_blocks, block_size, row_bytes], got {cache.dtype} {tuple(cache.shape)}")
+        raise ValueError(
+            f"cache must be uint8 [num_blocks, block_size, row_bytes], got {cache.dtype} {tuple(cache.shape)}"
+        )
     if cache.shape[-1] not in (g.NOPE_ROW_BYTES, g.FULL_ROW_BYTES):
         raise ValueError(f"cache rows must be 528 or 656 bytes, got {cache.shape[-1]}")
     if not cache.is_contiguous():
@@ -223,15 +258,21 @@ def check_cache(cache: torch.Tensor) -> None:
 def check_write_inputs(kv_c: torch.Tensor, k_pe: torch.Tensor | None, row_bytes: int) -> int:
     """Validate writer inputs; return the RoPE width (0 or 64)."""
     if kv_c.dtype != torch.bfloat16 or kv_c.dim() != 2 or kv_c.shape[1] != g.LATENT_DIM:
-        raise ValueError(f"kv_c must be bf16 [T, 512] (kv_lora_rank 512), got {kv_c.dtype} {tuple(kv_c.shape)}")
+        raise ValueError(
+            f"kv_c must be bf16 [T, 512] (kv_lora_rank 512), got {kv_c.dtype} {tuple(kv_c.shape)}"
+        )
     rope_dim = 0 if k_pe is None else k_pe.shape[-1]
     if k_pe is not None:
         if k_pe.dtype != torch.bfloat16 or k_pe.dim() != 2 or k_pe.shape[0] != kv_c.shape[0]:
-            raise ValueError(f"k_pe must be bf16 [T, 64] or [T, 0], got {k_pe.dtype} {tuple(k_pe.shape)}")
+            raise ValueError(
+                f"k_pe must be bf16 [T, 64] or [T, 0], got {k_pe.dtype} {tuple(k_pe.shape)}"
+            )
         if rope_dim not in (0, g.ROPE_DIM):
             raise ValueError(f"pe_dim must be 64 or 0 for fp8_ds_mla, got {rope_dim}")
     if row_bytes not in (g.NOPE_ROW_BYTES, g.FULL_ROW_BYTES):
         raise ValueError(f"row_bytes must be 528 or 656, got {row_bytes}")
     if rope_dim and row_bytes != g.FULL_ROW_BYTES:
-        raise ValueError("compact 528-byte rows hold no RoPE lanes: use 656-byte rows for pe_dim 64")
+        raise ValueError(
+            "compact 528-byte rows hold no RoPE lanes: use 656-byte rows for pe_dim 64"
+        )
     return rope_dim

@@ -8,11 +8,24 @@ import torch
 from nopebench import rowformat
 
 
-def decode_inputs(heads: int, tokens: int, width: int, rope: int, row_bytes: int, device, seed: int = 0,
-                  rows: int = 512, block_size: int = 64, magnitude: float = 1.0, scale_format: str = "arbitrary_fp32"):
+def decode_inputs(
+    heads: int,
+    tokens: int,
+    width: int,
+    rope: int,
+    row_bytes: int,
+    device,
+    seed: int = 0,
+    rows: int = 512,
+    block_size: int = 64,
+    magnitude: float = 1.0,
+    scale_format: str = "arbitrary_fp32",
+):
     gen = torch.Generator().manual_seed(seed)
     usable = rows - rows // 8
-    cache = torch.full((rows // block_size, block_size, row_bytes), 0xFF, dtype=torch.uint8)  # NaN poison
+    cache = torch.full(
+        (rows // block_size, block_size, row_bytes), 0xFF, dtype=torch.uint8
+    )  # NaN poison
     latent = (torch.randn(usable, 512, generator=gen) * magnitude).to(torch.bfloat16)
     pe = torch.randn(usable, 64, generator=gen).to(torch.bfloat16) if rope else None
     rowformat.write_cache(cache, latent, pe, torch.arange(usable), scale_format)
@@ -23,6 +36,8 @@ def decode_inputs(heads: int, tokens: int, width: int, rope: int, row_bytes: int
         idx[1] = -1  # an empty row
     if tokens > 2:
         idx[2, torch.randperm(width, generator=gen)[: width // 3]] = -1  # -1 scattered inside a row
-    wide = torch.randn(tokens, heads, 512 + rope + 64, generator=gen).clamp(-1, 1).to(torch.bfloat16)
+    wide = (
+        torch.randn(tokens, heads, 512 + rope + 64, generator=gen).clamp(-1, 1).to(torch.bfloat16)
+    )
     q = wide[..., : 512 + rope]  # strided: head stride 640 or 576, not the contiguous width
     return q.to(device), cache.to(device), idx.to(device)

@@ -14,7 +14,13 @@ from nopebench.impls.interface import DecodeProblem
 
 def _problem() -> DecodeProblem:
     cache = torch.zeros(4, 64, 528, dtype=torch.uint8)
-    return DecodeProblem(torch.zeros(1, 16, 512, dtype=torch.bfloat16), cache, torch.zeros(1, 8, dtype=torch.int32), 1.0, 0)
+    return DecodeProblem(
+        torch.zeros(1, 16, 512, dtype=torch.bfloat16),
+        cache,
+        torch.zeros(1, 8, dtype=torch.int32),
+        1.0,
+        0,
+    )
 
 
 def test_conversion_is_shared_per_cache_and_rebuilt_when_it_changes():
@@ -24,7 +30,10 @@ def test_conversion_is_shared_per_cache_and_rebuilt_when_it_changes():
     again = fa._memo_by_cache("bf16", p, lambda: builds.append(1) or object())
     assert first is again and len(builds) == 1
     p.cache.add_(1)  # new contents, same tensor
-    assert fa._memo_by_cache("bf16", p, lambda: builds.append(1) or object()) is not first and len(builds) == 2
+    assert (
+        fa._memo_by_cache("bf16", p, lambda: builds.append(1) or object()) is not first
+        and len(builds) == 2
+    )
 
 
 def test_conversion_dies_with_its_cache():
@@ -56,9 +65,13 @@ def test_fa3_accuracy_class_still_catches_the_prefix_truncation():
     full, _ = sparse_decode_reference(p.q, p.cache, p.indices, p.softmax_scale, p.rope_dim)
     compact = pt.compact_problem(p).indices
     truncated = compact.clone()
-    truncated[:, cfg.index_topk:] = -1
+    truncated[:, cfg.index_topk :] = -1
     assert int((compact >= 0).sum(dim=1).min()) == cfg.max_active == 2051
     cut, _ = sparse_decode_reference(p.q, p.cache, truncated, p.softmax_scale, p.rope_dim)
     cmp = close(cut, full, **fa.FA3_TOLERANCE.kwargs())
     # Measured: cosine 1.5e-4 (7x the class's bound) and 12% of elements beyond 4 ulps.
-    assert not cmp.passed and cmp.cos_diff > 5 * fa.FA3_TOLERANCE.cos_tol and cmp.mismatch_fraction > 0.05
+    assert (
+        not cmp.passed
+        and cmp.cos_diff > 5 * fa.FA3_TOLERANCE.cos_tol
+        and cmp.mismatch_fraction > 0.05
+    )

@@ -63,8 +63,17 @@ def calls(counter: Path) -> int:
 # ---------------------------------------------------------------- targets
 
 
-@pytest.mark.parametrize(("cap", "target"), [((9, 0), "sm_90a"), ((10, 0), "sm_100a"), ((12, 0), "sm_120a"),
-                                             ((8, 9), "sm_89"), ((10, 3), "sm_103"), ((12, 1), "sm_121")])
+@pytest.mark.parametrize(
+    ("cap", "target"),
+    [
+        ((9, 0), "sm_90a"),
+        ((10, 0), "sm_100a"),
+        ((12, 0), "sm_120a"),
+        ((8, 9), "sm_89"),
+        ((10, 3), "sm_103"),
+        ((12, 1), "sm_121"),
+    ],
+)
 def test_target_for_capability(cap, target):
     assert b.target_for_capability(*cap) == target
 
@@ -104,7 +113,9 @@ def test_second_build_does_not_call_nvcc(tmp_path, fake_tools):
     assert calls(counter) == 1
     assert not first.cached and second.cached
     assert first.library == second.library and second.library.is_file()
-    assert [d.name for d in (tmp_path / "root").iterdir()] == [first.directory.name]  # no temp dirs left
+    assert [d.name for d in (tmp_path / "root").iterdir()] == [
+        first.directory.name
+    ]  # no temp dirs left
 
 
 def test_changed_source_flags_target_or_force_rebuild(tmp_path, fake_tools, monkeypatch):
@@ -130,8 +141,10 @@ def test_ptxas_resources_are_recorded(tmp_path, fake_tools):
     tools, _, src = fake_tools
     built = b.build_library("sm_90a", root=tmp_path / "root", source_dir=src, tools=tools)
     cached = b.build_library("sm_90a", root=tmp_path / "root", source_dir=src, tools=tools)
-    expected = (b.KernelResources("concat_and_cache_ds_mla_kernel<int64>", 32, 4, 4, 8),
-                b.KernelResources("gather_upconvert_kernel", 40, 0, 0, 0))
+    expected = (
+        b.KernelResources("concat_and_cache_ds_mla_kernel<int64>", 32, 4, 4, 8),
+        b.KernelResources("gather_upconvert_kernel", 40, 0, 0, 0),
+    )
     assert built.resources == expected and cached.resources == expected
     assert "Used 32 registers" in (built.directory / "nvcc.log").read_text()
 
@@ -155,14 +168,22 @@ def test_compiler_error_is_one_line_plus_the_full_log(tmp_path):
     with pytest.raises(b.BuildError) as info:
         b.build_library("sm_90a", root=tmp_path / "root", source_dir=src)
     err = info.value
-    assert "\n" not in str(err) and "nvcc failed for sm_90a" in str(err) and "undefined_name" in str(err)
+    assert (
+        "\n" not in str(err)
+        and "nvcc failed for sm_90a" in str(err)
+        and "undefined_name" in str(err)
+    )
     assert "undefined_name" in err.log and err.log_path.is_file()
     assert not list((tmp_path / "root").glob("sm_90a-*"))  # nothing cached for a failed build
 
 
 def test_build_command_prints_compiler_output_then_raises(monkeypatch, capsys):
     def failing(*args, **kwargs):
-        raise b.BuildError("nvcc failed for sm_90a (exit 1): x.cu(3): error: boom", "x.cu(3): error: boom\n1 error detected", None)
+        raise b.BuildError(
+            "nvcc failed for sm_90a (exit 1): x.cu(3): error: boom",
+            "x.cu(3): error: boom\n1 error detected",
+            None,
+        )
 
     monkeypatch.setattr(command, "build_libraries", failing)
     with pytest.raises(UsageError, match="nvcc failed for sm_90a"):
@@ -197,7 +218,9 @@ def test_compile_only_builds_three_loadable_libraries(capsys):
     device code is for its target and whose C ABI answers (no GPU needed to load it)."""
     assert command.execute(BuildOptions(arch=None, compile_only=True, force=False)) == 0
     table = capsys.readouterr().out
-    assert "native decode kernels (Gluon, sm_90)" in table  # compiled within budget, or said why not
+    assert (
+        "native decode kernels (Gluon, sm_90)" in table
+    )  # compiled within budget, or said why not
     results = b.build_libraries(b.COMPILE_ONLY_TARGETS)  # cached now: no nvcc call
     assert all(r.cached for r in results)
     for r in results:
@@ -208,5 +231,8 @@ def test_compile_only_builds_three_loadable_libraries(capsys):
         lib = declare(ctypes.CDLL(os.fspath(r.library)))
         assert lib.nopecache_abi_version() == ABI_VERSION
         assert {k.kernel for k in r.resources} == {
-            "concat_and_cache_ds_mla_kernel<int32>", "concat_and_cache_ds_mla_kernel<int64>", "gather_upconvert_kernel"}
+            "concat_and_cache_ds_mla_kernel<int32>",
+            "concat_and_cache_ds_mla_kernel<int64>",
+            "gather_upconvert_kernel",
+        }
         assert all(k.spill_stores <= 8 for k in r.resources)  # a big spill would be a regression

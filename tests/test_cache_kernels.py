@@ -28,13 +28,24 @@ FORMATS = rowformat.SCALE_FORMATS
 def numerics(tmp_path_factory) -> Path:
     """kernels/numerics_check.cu compiled for the host with the library's numerics flags."""
     out = tmp_path_factory.mktemp("numerics") / "numerics_check"
-    cmd = [str(b.find_nvcc()), "-O2", "-std=c++17", "-I", str(b.SOURCE_DIR), "-o", str(out), str(b.SOURCE_DIR / "numerics_check.cu")]
+    cmd = [
+        str(b.find_nvcc()),
+        "-O2",
+        "-std=c++17",
+        "-I",
+        str(b.SOURCE_DIR),
+        "-o",
+        str(out),
+        str(b.SOURCE_DIR / "numerics_check.cu"),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return out
 
 
-def run_numerics(exe: Path, tmp_path: Path, mode: str, data: np.ndarray, fmt: str | None = None) -> np.ndarray:
+def run_numerics(
+    exe: Path, tmp_path: Path, mode: str, data: np.ndarray, fmt: str | None = None
+) -> np.ndarray:
     src, dst = tmp_path / f"{mode}.in", tmp_path / f"{mode}.out"
     np.ascontiguousarray(data).tofile(src)
     args = [str(exe), mode] + ([str(FORMATS.index(fmt))] if fmt else []) + [str(src), str(dst)]
@@ -64,7 +75,9 @@ def test_scale_of_every_bf16_magnitude(numerics, tmp_path, fmt):
 def test_quantized_rows_equal_the_reference(numerics, tmp_path, fmt):
     """Adversarial latents (zeros, -0, subnormals, near-max, exact +-amax) byte for byte."""
     latent = layout.adversarial_latent(3000, torch.Generator().manual_seed(3))
-    got = run_numerics(numerics, tmp_path, "quantize", bf16_bits(latent), fmt).reshape(-1, g.NOPE_ROW_BYTES)
+    got = run_numerics(numerics, tmp_path, "quantize", bf16_bits(latent), fmt).reshape(
+        -1, g.NOPE_ROW_BYTES
+    )
     expected = rowformat.pack_rows(latent, None, fmt, g.NOPE_ROW_BYTES).numpy()
     rows = np.nonzero((got != expected).any(axis=1))[0]
     assert not rows.size, f"{rows.size} rows differ, first {rows[0]}"
@@ -83,7 +96,9 @@ def test_non_finite_inputs_give_nan_bytes_where_the_reference_does(numerics, tmp
     latent[4, 400] = float("nan")
     latent[4, 401] = float("inf")
     latent = latent.to(torch.bfloat16)
-    got = run_numerics(numerics, tmp_path, "quantize", bf16_bits(latent), fmt).reshape(-1, g.NOPE_ROW_BYTES)
+    got = run_numerics(numerics, tmp_path, "quantize", bf16_bits(latent), fmt).reshape(
+        -1, g.NOPE_ROW_BYTES
+    )
     expected = rowformat.pack_rows(latent, None, fmt, g.NOPE_ROW_BYTES).numpy()
     scales_got = got[:, 512:].copy().view(np.uint32)
     scales_exp = expected[:, 512:].copy().view(np.uint32)
@@ -91,7 +106,9 @@ def test_non_finite_inputs_give_nan_bytes_where_the_reference_does(numerics, tmp
     nan_got = (got[:, :512] & 0x7F) == 0x7F
     nan_exp = (expected[:, :512] & 0x7F) == 0x7F
     assert np.array_equal(nan_got, nan_exp)
-    assert np.array_equal(np.where(nan_got, 0, got[:, :512]), np.where(nan_exp, 0, expected[:, :512]))
+    assert np.array_equal(
+        np.where(nan_got, 0, got[:, :512]), np.where(nan_exp, 0, expected[:, :512])
+    )
     assert nan_got[0, 5] and nan_got[3, :128].all()
 
 
@@ -99,15 +116,34 @@ def test_non_finite_inputs_give_nan_bytes_where_the_reference_does(numerics, tmp
 def test_dequantize_every_fp8_byte_with_awkward_scales(numerics, tmp_path):
     """All 256 e4m3 bytes times scales whose products are subnormal, huge, or NaN; plus the
     sentinel row verify-layout leaves in unwritten slots."""
-    scales = np.array([1.0, 2.0**-126, 2.0**-140, 3e-39, 7.5e-3, 0.3333333, 2.0**100, 1e38,
-                       np.float32(np.nan), 2.0**-13, 1.0 / 448, 6.1e-5], dtype=np.float32)
+    scales = np.array(
+        [
+            1.0,
+            2.0**-126,
+            2.0**-140,
+            3e-39,
+            7.5e-3,
+            0.3333333,
+            2.0**100,
+            1e38,
+            np.float32(np.nan),
+            2.0**-13,
+            1.0 / 448,
+            6.1e-5,
+        ],
+        dtype=np.float32,
+    )
     codes = np.arange(256, dtype=np.uint8)
     rows = np.zeros((len(scales), g.NOPE_ROW_BYTES), dtype=np.uint8)
     for i, s in enumerate(scales):
         rows[i, :512] = np.roll(np.tile(codes, 2), i)
         rows[i, 512:528] = np.array([s, s, s, s], dtype=np.float32).view(np.uint8)
     rows = np.concatenate([rows, np.full((1, g.NOPE_ROW_BYTES), layout.SENTINEL, dtype=np.uint8)])
-    got = run_numerics(numerics, tmp_path, "dequantize", rows).view(np.uint16).reshape(-1, g.LATENT_DIM)
+    got = (
+        run_numerics(numerics, tmp_path, "dequantize", rows)
+        .view(np.uint16)
+        .reshape(-1, g.LATENT_DIM)
+    )
     expected = bf16_bits(rowformat.dequantize_rows(torch.from_numpy(rows))[0])
     nan_got, nan_exp = layout._bf16_nan(got), layout._bf16_nan(expected)
     assert np.array_equal(nan_got, nan_exp)
@@ -121,6 +157,7 @@ def test_dequantize_every_fp8_byte_with_awkward_scales(numerics, tmp_path):
 @pytest.fixture
 def no_launch(monkeypatch):
     """Any attempt to load the library (the step before a launch) fails the test."""
+
     def forbidden(*args, **kwargs):
         raise AssertionError("the CUDA library was loaded: a check ran too late")
 
@@ -149,16 +186,34 @@ BAD_WRITES = {
     "kv_lora_rank 576": (dict(kv_c=torch.zeros(8, 576, dtype=torch.bfloat16)), "kv_lora_rank 512"),
     "rope 32": (dict(k_pe=torch.zeros(8, 32, dtype=torch.bfloat16)), "pe_dim must be 64 or 0"),
     "k_pe rows": (dict(k_pe=torch.zeros(7, 64, dtype=torch.bfloat16)), "k_pe must be bf16"),
-    "rope in 528 rows": (dict(cache=torch.zeros(2, 16, 528, dtype=torch.uint8), k_pe=torch.zeros(8, 64, dtype=torch.bfloat16)), "528-byte rows hold no RoPE"),
+    "rope in 528 rows": (
+        dict(
+            cache=torch.zeros(2, 16, 528, dtype=torch.uint8),
+            k_pe=torch.zeros(8, 64, dtype=torch.bfloat16),
+        ),
+        "528-byte rows hold no RoPE",
+    ),
     "row bytes 600": (dict(cache=torch.zeros(2, 16, 600, dtype=torch.uint8)), "528 or 656 bytes"),
     "cache dtype": (dict(cache=torch.zeros(2, 16, 656, dtype=torch.int8)), "cache must be uint8"),
-    "cache 2-D": (dict(cache=torch.zeros(32, 656, dtype=torch.uint8)), "cache must be uint8 \\[num_blocks"),
+    "cache 2-D": (
+        dict(cache=torch.zeros(32, 656, dtype=torch.uint8)),
+        "cache must be uint8 \\[num_blocks",
+    ),
     "cache strided": (dict(cache=torch.zeros(2, 32, 656, dtype=torch.uint8)[:, ::2]), "contiguous"),
-    "block size 0": (dict(cache=torch.zeros(2, 0, 656, dtype=torch.uint8), slot_mapping=torch.full((8,), -1)), "block_size must be >= 1"),
-    "cache misaligned": (dict(cache=torch.zeros(2 * 16 * 656 + 8, dtype=torch.uint8)[8:].view(2, 16, 656)), "16-byte boundary"),
+    "block size 0": (
+        dict(cache=torch.zeros(2, 0, 656, dtype=torch.uint8), slot_mapping=torch.full((8,), -1)),
+        "block_size must be >= 1",
+    ),
+    "cache misaligned": (
+        dict(cache=torch.zeros(2 * 16 * 656 + 8, dtype=torch.uint8)[8:].view(2, 16, 656)),
+        "16-byte boundary",
+    ),
     "slot dtype": (dict(slot_mapping=torch.arange(8, dtype=torch.float32)), "int32 or int64"),
     "slot length": (dict(slot_mapping=torch.arange(9)), "slot_mapping must be \\[T\\]"),
-    "slot out of range": (dict(slot_mapping=torch.tensor([0, 1, 2, 3, 4, 5, 6, 32])), "slot 32 out of range"),
+    "slot out of range": (
+        dict(slot_mapping=torch.tensor([0, 1, 2, 3, 4, 5, 6, 32])),
+        "slot 32 out of range",
+    ),
     "slot twice": (dict(slot_mapping=torch.tensor([0, 1, 2, 3, 4, 5, 6, 6])), "same slot twice"),
 }
 
@@ -199,28 +254,66 @@ def gather_args(rope_dim=0, row_bytes=656):
 
 def call_gather(**overrides):
     a = {**gather_args(), **overrides}
-    return ops.gather_upconvert(a["cache"], a["block_table"], a["workspace_starts"], a["total_rows"], a["rope_dim"], a["seq_starts"])
+    return ops.gather_upconvert(
+        a["cache"],
+        a["block_table"],
+        a["workspace_starts"],
+        a["total_rows"],
+        a["rope_dim"],
+        a["seq_starts"],
+    )
 
 
 BAD_GATHERS = {
     "rope 32": (dict(rope_dim=32), "rope_dim must be 0 or 64"),
-    "rope in 528 rows": (dict(rope_dim=64, cache=torch.zeros(4, 16, 528, dtype=torch.uint8)), "needs 656-byte rows"),
+    "rope in 528 rows": (
+        dict(rope_dim=64, cache=torch.zeros(4, 16, 528, dtype=torch.uint8)),
+        "needs 656-byte rows",
+    ),
     "row bytes": (dict(cache=torch.zeros(4, 16, 512, dtype=torch.uint8)), "528 or 656 bytes"),
-    "block size 0": (dict(cache=torch.zeros(4, 0, 656, dtype=torch.uint8)), "block_size must be >= 1"),
+    "block size 0": (
+        dict(cache=torch.zeros(4, 0, 656, dtype=torch.uint8)),
+        "block_size must be >= 1",
+    ),
     "table dtype": (dict(block_table=torch.zeros(2, 2)), "block_table must be int32/int64"),
     "table 1-D": (dict(block_table=torch.zeros(4, dtype=torch.int32)), "block_table must be"),
-    "starts shape": (dict(workspace_starts=torch.tensor([0, 20, 30])), "workspace_starts must be \\[2\\]"),
-    "starts dtype": (dict(workspace_starts=torch.tensor([0.0, 20.0])), "workspace_starts must be int32 or int64"),
+    "starts shape": (
+        dict(workspace_starts=torch.tensor([0, 20, 30])),
+        "workspace_starts must be \\[2\\]",
+    ),
+    "starts dtype": (
+        dict(workspace_starts=torch.tensor([0.0, 20.0])),
+        "workspace_starts must be int32 or int64",
+    ),
     "seq shape": (dict(seq_starts=torch.tensor([0])), "seq_starts must be \\[2\\]"),
     "total rows negative": (dict(total_rows=-1), "total_rows must be >= 0"),
     "total rows float": (dict(total_rows=40.0), "total_rows must be an int"),
-    "no requests": (dict(block_table=torch.zeros(0, 2, dtype=torch.int32), workspace_starts=torch.zeros(0, dtype=torch.int32), seq_starts=None), "no requests"),
-    "starts not at 0": (dict(workspace_starts=torch.tensor([1, 20], dtype=torch.int32)), "must start at 0"),
-    "starts decreasing": (dict(workspace_starts=torch.tensor([0, 50], dtype=torch.int32)), "non-decreasing"),
+    "no requests": (
+        dict(
+            block_table=torch.zeros(0, 2, dtype=torch.int32),
+            workspace_starts=torch.zeros(0, dtype=torch.int32),
+            seq_starts=None,
+        ),
+        "no requests",
+    ),
+    "starts not at 0": (
+        dict(workspace_starts=torch.tensor([1, 20], dtype=torch.int32)),
+        "must start at 0",
+    ),
+    "starts decreasing": (
+        dict(workspace_starts=torch.tensor([0, 50], dtype=torch.int32)),
+        "non-decreasing",
+    ),
     "negative seq start": (dict(seq_starts=torch.tensor([-1, 0])), "seq_starts must be >= 0"),
     "past the table": (dict(seq_starts=torch.tensor([20, 0])), "past its block_table row"),
-    "block id out of range": (dict(block_table=torch.tensor([[0, 1], [2, 4]], dtype=torch.int32)), "block id outside"),
-    "block id -1": (dict(block_table=torch.tensor([[0, -1], [2, 3]], dtype=torch.int32)), "block id outside"),
+    "block id out of range": (
+        dict(block_table=torch.tensor([[0, 1], [2, 4]], dtype=torch.int32)),
+        "block id outside",
+    ),
+    "block id -1": (
+        dict(block_table=torch.tensor([[0, -1], [2, 3]], dtype=torch.int32)),
+        "block id outside",
+    ),
 }
 
 
@@ -254,7 +347,9 @@ def _emulated_write_unchecked(cache, kv_c, k_pe, slots, fmt):
     """The kernel's unchecked semantics in torch: slots outside [0, capacity) are skipped."""
     capacity = cache.shape[0] * cache.shape[1]
     keep = (slots >= 0) & (slots < capacity)
-    rowformat.write_cache(cache, kv_c, k_pe, torch.where(keep, slots, torch.full_like(slots, -1)), fmt)
+    rowformat.write_cache(
+        cache, kv_c, k_pe, torch.where(keep, slots, torch.full_like(slots, -1)), fmt
+    )
 
 
 def _emulated_gather_into(out, cache, table, starts, total_rows, rope_dim, seq_starts=None):

@@ -65,6 +65,7 @@ def fake_timing(calls, budget_s=1.0, use_graph=True, **kw):
 def cpu_kernels(monkeypatch):
     """The kernels replaced by the reference (the boundary the runner talks to) and timing by
     one call per set, so the runner's logic runs on the CPU."""
+
     def into(out, cache, table, starts, total, rope_dim, seq=None):
         return out.copy_(rowformat.gather_upconvert(cache, table, starts, total, rope_dim, seq))
 
@@ -77,7 +78,9 @@ def cpu_kernels(monkeypatch):
 
 def test_runner_checks_then_times_both_implementations(cpu_kernels):
     rows = cb.measure(300, cb.VARIANTS[1], 0.01, copy_gbps=1000.0, l2_bytes=1 << 20, device="cpu")
-    assert {(r["op"], r["impl"]) for r in rows} == {(o, i) for o in ("write", "gather") for i in ("cuda", "torch")}
+    assert {(r["op"], r["impl"]) for r in rows} == {
+        (o, i) for o in ("write", "gather") for i in ("cuda", "torch")
+    }
     for r in rows:
         assert r["check_passed"] and r["error"] is None and r["input_sets"] >= 2
         assert r["gbps"] == pytest.approx(r["bytes"] / (r["median_ms"] * 1e-3) / 1e9)
@@ -94,7 +97,11 @@ def test_a_wrong_kernel_is_a_row_with_an_error_and_is_not_timed(cpu_kernels, mon
     monkeypatch.setattr(ck, "write_cache", broken)
     rows = cb.measure(100, cb.VARIANTS[0], 0.01, copy_gbps=1000.0, l2_bytes=1 << 20, device="cpu")
     write_cuda = next(r for r in rows if r["op"] == "write" and r["impl"] == "cuda")
-    assert not write_cuda["check_passed"] and "1 of" in write_cuda["error"] and "median_ms" not in write_cuda
+    assert (
+        not write_cuda["check_passed"]
+        and "1 of" in write_cuda["error"]
+        and "median_ms" not in write_cuda
+    )
     gather_cuda = next(r for r in rows if r["op"] == "gather" and r["impl"] == "cuda")
     assert gather_cuda["check_passed"]  # compared on the same (broken) cache bytes
     summary = cb.summarize(rows, {"copy_gbps": 1000.0})
@@ -103,9 +110,36 @@ def test_a_wrong_kernel_is_a_row_with_an_error_and_is_not_timed(cpu_kernels, mon
 
 def test_summary_marks_the_targets():
     rows = [
-        {"op": "write", "variant": "nope528", "tokens": 65536, "impl": "cuda", "pct_copy": 70.0, "speedup": 50.0, "check_passed": True, "error": None},
-        {"op": "gather", "variant": "nope528", "tokens": 65536, "impl": "cuda", "pct_copy": 55.0, "speedup": 50.0, "check_passed": True, "error": None},
-        {"op": "gather", "variant": "nope528", "tokens": 4096, "impl": "cuda", "pct_copy": 5.0, "speedup": 2.0, "check_passed": True, "error": None},
+        {
+            "op": "write",
+            "variant": "nope528",
+            "tokens": 65536,
+            "impl": "cuda",
+            "pct_copy": 70.0,
+            "speedup": 50.0,
+            "check_passed": True,
+            "error": None,
+        },
+        {
+            "op": "gather",
+            "variant": "nope528",
+            "tokens": 65536,
+            "impl": "cuda",
+            "pct_copy": 55.0,
+            "speedup": 50.0,
+            "check_passed": True,
+            "error": None,
+        },
+        {
+            "op": "gather",
+            "variant": "nope528",
+            "tokens": 4096,
+            "impl": "cuda",
+            "pct_copy": 5.0,
+            "speedup": 2.0,
+            "check_passed": True,
+            "error": None,
+        },
     ]
     s = cb.summarize(rows, {"copy_gbps": 4000.0})
     assert s["targets_met"] == {"write/nope528/T65536": True, "gather/nope528/T65536": False}
@@ -121,13 +155,35 @@ def test_command_without_gpu_is_one_line_unsupported(monkeypatch):
 
 
 def test_command_writes_long_format_records(tmp_path, monkeypatch, capsys):
-    rows = [{"op": "write", "variant": "nope528", "tokens": 65536, "impl": impl, "median_ms": 0.1 / 3,
-             "gbps": 1234.5678901234567, "pct_copy": 65.0, "speedup": 25.0 if impl == "cuda" else None,
-             "check_passed": True, "error": None} for impl in ("cuda", "torch")]
+    rows = [
+        {
+            "op": "write",
+            "variant": "nope528",
+            "tokens": 65536,
+            "impl": impl,
+            "median_ms": 0.1 / 3,
+            "gbps": 1234.5678901234567,
+            "pct_copy": 65.0,
+            "speedup": 25.0 if impl == "cuda" else None,
+            "check_passed": True,
+            "error": None,
+        }
+        for impl in ("cuda", "torch")
+    ]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr("nopebench.cache_kernels.library.load_library", lambda device: None)
-    monkeypatch.setattr("nopebench.environment.gpu_info", lambda: {"gpu": "fake", "sm": 90, "driver": None, "cuda_runtime": None})
-    monkeypatch.setattr(cb, "run_bench", lambda sizes, budget, progress: (rows, cb.summarize(rows, {"copy_gbps": 1900.0, "matmul_tflops": 1.0})))
+    monkeypatch.setattr(
+        "nopebench.environment.gpu_info",
+        lambda: {"gpu": "fake", "sm": 90, "driver": None, "cuda_runtime": None},
+    )
+    monkeypatch.setattr(
+        cb,
+        "run_bench",
+        lambda sizes, budget, progress: (
+            rows,
+            cb.summarize(rows, {"copy_gbps": 1900.0, "matmul_tflops": 1.0}),
+        ),
+    )
     assert bench_cache.execute(BenchCacheOptions((65536,), output=Output(tmp_path))) == 0
     run_dir = next((tmp_path / "bench-cache").iterdir())
     table = pd.read_csv(run_dir / "results.csv")

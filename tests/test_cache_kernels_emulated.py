@@ -21,14 +21,32 @@ from nopebench.config import load_model_config
 
 CXX = shutil.which("g++") or shutil.which("c++")
 CUDA_INCLUDE = b.cuda_include_dir()
-pytestmark = pytest.mark.skipif(CXX is None or CUDA_INCLUDE is None, reason="needs a C++ compiler and the CUDA headers")
+pytestmark = pytest.mark.skipif(
+    CXX is None or CUDA_INCLUDE is None, reason="needs a C++ compiler and the CUDA headers"
+)
 
 
 @pytest.fixture(scope="module")
 def emulated_lib(tmp_path_factory) -> ctypes.CDLL:
     out = tmp_path_factory.mktemp("emulator") / "libnopecache_emulated.so"
-    cmd = [CXX, "-std=c++17", "-O2", "-shared", "-fPIC", "-Wno-attributes", "-Wno-unknown-pragmas", "-x", "c++",
-           "-I", str(CUDA_INCLUDE), "-I", str(b.SOURCE_DIR), "-o", str(out), str(b.SOURCE_DIR / "emulator.cpp")]
+    cmd = [
+        CXX,
+        "-std=c++17",
+        "-O2",
+        "-shared",
+        "-fPIC",
+        "-Wno-attributes",
+        "-Wno-unknown-pragmas",
+        "-x",
+        "c++",
+        "-I",
+        str(CUDA_INCLUDE),
+        "-I",
+        str(b.SOURCE_DIR),
+        "-o",
+        str(out),
+        str(b.SOURCE_DIR / "emulator.cpp"),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     lib = declare(ctypes.CDLL(str(out)))
@@ -50,7 +68,11 @@ def assert_case(case: layout.LayoutCase) -> None:
     assert not failed, failed
 
 
-SWEEP = [c for m in ("glm53-flash", "glm5") for c in layout.sweep_cases(load_model_config(m), tokens=(1, 63, 64, 65, 4096))]
+SWEEP = [
+    c
+    for m in ("glm53-flash", "glm5")
+    for c in layout.sweep_cases(load_model_config(m), tokens=(1, 63, 64, 65, 4096))
+]
 
 
 @pytest.mark.parametrize("case", SWEEP, ids=[c.case_id for c in SWEEP])
@@ -63,8 +85,14 @@ def test_sweep_case(emulated, case):
 def test_block_sizes_and_request_counts(emulated, block_size, requests):
     """Non-power-of-two block sizes (the division path) and enough requests for the 32-way
     request search to take two rounds."""
-    case = layout.LayoutCase(tokens=700, block_size=block_size, row_bytes=656, rope_dim=64,
-                             scale_format="pow2_fp32", requests=requests)
+    case = layout.LayoutCase(
+        tokens=700,
+        block_size=block_size,
+        row_bytes=656,
+        rope_dim=64,
+        scale_format="pow2_fp32",
+        requests=requests,
+    )
     assert_case(case)
 
 
@@ -78,15 +106,25 @@ def test_boundary_and_out_of_range_cases(emulated):
 def test_empty_requests_and_equal_starts(emulated, requests):
     """Requests that gather nothing (equal workspace starts) own no rows, with few requests
     (one probe per lane) and many (the search plus stepping forward)."""
-    case = layout.LayoutCase(tokens=400, block_size=16, row_bytes=528, rope_dim=0, scale_format="arbitrary_fp32",
-                             requests=requests)
+    case = layout.LayoutCase(
+        tokens=400,
+        block_size=16,
+        row_bytes=528,
+        rope_dim=0,
+        scale_format="arbitrary_fp32",
+        requests=requests,
+    )
     inputs = layout.make_inputs(case)
     storage, cache = layout.guarded_cache(inputs.num_blocks, 16, 528, "cpu")
     ops.write_cache(cache, inputs.kv_c, inputs.k_pe, inputs.slot_mapping, case.scale_format)
-    expected = ops.gather_upconvert(cache, inputs.block_table, inputs.workspace_starts, inputs.total_rows, 0, inputs.seq_starts)
+    expected = ops.gather_upconvert(
+        cache, inputs.block_table, inputs.workspace_starts, inputs.total_rows, 0, inputs.seq_starts
+    )
     # an empty request (same start) in front of every third one, and one at the very end
     pick = [r for r in range(requests) for _ in range(2 if r % 3 == 0 else 1)]
-    new_starts = torch.cat([inputs.workspace_starts[pick], torch.tensor([inputs.total_rows], dtype=torch.int32)])
+    new_starts = torch.cat(
+        [inputs.workspace_starts[pick], torch.tensor([inputs.total_rows], dtype=torch.int32)]
+    )
     pick.append(requests - 1)
     table, seq = inputs.block_table[pick], inputs.seq_starts[pick]
     got = ops.gather_upconvert(cache, table, new_starts, inputs.total_rows, 0, seq)
@@ -96,7 +134,12 @@ def test_empty_requests_and_equal_starts(emulated, requests):
 def test_strided_block_table_and_int64_indices(emulated):
     """A block table that is a column slice of a wider one (row stride != width), and int64
     index tensors (converted to int32 on the way in)."""
-    case = replace(layout.LayoutCase(tokens=300, block_size=16, row_bytes=656, rope_dim=0, scale_format="arbitrary_fp32"), requests=6)
+    case = replace(
+        layout.LayoutCase(
+            tokens=300, block_size=16, row_bytes=656, rope_dim=0, scale_format="arbitrary_fp32"
+        ),
+        requests=6,
+    )
     inputs = layout.make_inputs(case)
     storage, cache = layout.guarded_cache(inputs.num_blocks, 16, 656, "cpu")
     ops.write_cache(cache, inputs.kv_c, inputs.k_pe, inputs.slot_mapping.int(), case.scale_format)
@@ -105,8 +148,12 @@ def test_strided_block_table_and_int64_indices(emulated):
     wide[:, :width] = inputs.block_table
     sliced = wide[:, :width]
     assert sliced.stride(0) == width + 5
-    expected = ops.gather_upconvert(cache, inputs.block_table, inputs.workspace_starts, inputs.total_rows, 0, inputs.seq_starts)
-    for table, starts, seq in ((sliced, inputs.workspace_starts, inputs.seq_starts),
-                               (inputs.block_table.long(), inputs.workspace_starts.long(), inputs.seq_starts.long())):
+    expected = ops.gather_upconvert(
+        cache, inputs.block_table, inputs.workspace_starts, inputs.total_rows, 0, inputs.seq_starts
+    )
+    for table, starts, seq in (
+        (sliced, inputs.workspace_starts, inputs.seq_starts),
+        (inputs.block_table.long(), inputs.workspace_starts.long(), inputs.seq_starts.long()),
+    ):
         got = ops.gather_upconvert(cache, table, starts, inputs.total_rows, 0, seq)
         assert torch.equal(got.view(torch.int16), expected.view(torch.int16))

@@ -19,7 +19,10 @@ from nopebench.config import load_model_config
 
 pytestmark = pytest.mark.gpu
 
-SWEEP = [*layout.sweep_cases(load_model_config("glm53-flash")), *layout.sweep_cases(load_model_config("glm5"))]
+SWEEP = [
+    *layout.sweep_cases(load_model_config("glm53-flash")),
+    *layout.sweep_cases(load_model_config("glm5")),
+]
 
 
 def _param(case: layout.LayoutCase):
@@ -39,8 +42,14 @@ def test_sweep_case_is_bit_exact(case):
 def test_other_block_sizes(block_size, rope_dim):
     """Block sizes the sweep does not use: 1, a non-power of two (the kernel's division path)
     and a large power of two."""
-    case = layout.LayoutCase(tokens=300, block_size=block_size, row_bytes=656, rope_dim=rope_dim,
-                             scale_format="arbitrary_fp32", requests=5)
+    case = layout.LayoutCase(
+        tokens=300,
+        block_size=block_size,
+        row_bytes=656,
+        rope_dim=rope_dim,
+        scale_format="arbitrary_fp32",
+        requests=5,
+    )
     results = layout.run_case(case, ops.write_cache, ops.gather_upconvert, "cuda")
     failed = {r.check: r.detail for r in results if not r.passed}
     assert not failed, failed
@@ -69,11 +78,20 @@ def test_write_equals_the_cpu_reference_byte_for_byte(fmt, row_bytes, rope_dim):
     expected = torch.full((4096 // bs, bs, row_bytes), 0x5A, dtype=torch.uint8)
     got = expected.cuda()
     rowformat.write_cache(expected, kv_c, k_pe, slots, fmt)
-    ops.write_cache(got, kv_c.cuda(), k_pe.cuda() if k_pe is not None else None, slots.int().cuda(), fmt)
+    ops.write_cache(
+        got, kv_c.cuda(), k_pe.cuda() if k_pe is not None else None, slots.int().cuda(), fmt
+    )
     assert torch.equal(got.cpu(), expected)
-    gathered = ops.gather_upconvert(got, torch.arange(4096 // bs, dtype=torch.int32)[None].cuda(),
-                                    torch.zeros(1, dtype=torch.int32).cuda(), 4096, rope_dim)
-    ref = rowformat.gather_upconvert(expected, torch.arange(4096 // bs)[None], torch.zeros(1, dtype=torch.int32), 4096, rope_dim)
+    gathered = ops.gather_upconvert(
+        got,
+        torch.arange(4096 // bs, dtype=torch.int32)[None].cuda(),
+        torch.zeros(1, dtype=torch.int32).cuda(),
+        4096,
+        rope_dim,
+    )
+    ref = rowformat.gather_upconvert(
+        expected, torch.arange(4096 // bs)[None], torch.zeros(1, dtype=torch.int32), 4096, rope_dim
+    )
     a, e = gathered.cpu().view(torch.int16).numpy(), ref.view(torch.int16).numpy()
     nan = layout._bf16_nan(a.view(np.uint16)) & layout._bf16_nan(e.view(np.uint16))
     assert np.array_equal(np.where(nan, 0, a), np.where(nan, 0, e))
@@ -95,7 +113,9 @@ def test_nan_inputs_give_nan_bytes_where_the_reference_does():
         assert np.array_equal(got[:, 512:], expected[:, 512:]), fmt
         nan_got, nan_exp = (got[:, :512] & 0x7F) == 0x7F, (expected[:, :512] & 0x7F) == 0x7F
         assert np.array_equal(nan_got, nan_exp), fmt
-        assert np.array_equal(np.where(nan_got, 0, got[:, :512]), np.where(nan_exp, 0, expected[:, :512])), fmt
+        assert np.array_equal(
+            np.where(nan_got, 0, got[:, :512]), np.where(nan_exp, 0, expected[:, :512])
+        ), fmt
 
 
 def test_int32_and_int64_slots_write_the_same_bytes():
@@ -111,11 +131,21 @@ def test_int32_and_int64_slots_write_the_same_bytes():
 
 def test_empty_calls_do_nothing():
     cache = torch.zeros(1, 16, 656, dtype=torch.uint8, device="cuda")
-    ops.write_cache(cache, torch.zeros(0, 512, dtype=torch.bfloat16, device="cuda"), None,
-                    torch.zeros(0, dtype=torch.int64, device="cuda"), "arbitrary_fp32")
+    ops.write_cache(
+        cache,
+        torch.zeros(0, 512, dtype=torch.bfloat16, device="cuda"),
+        None,
+        torch.zeros(0, dtype=torch.int64, device="cuda"),
+        "arbitrary_fp32",
+    )
     assert not cache.any()
-    out = ops.gather_upconvert(cache, torch.zeros(1, 1, dtype=torch.int32, device="cuda"),
-                               torch.zeros(1, dtype=torch.int32, device="cuda"), 0, 0)
+    out = ops.gather_upconvert(
+        cache,
+        torch.zeros(1, 1, dtype=torch.int32, device="cuda"),
+        torch.zeros(1, dtype=torch.int32, device="cuda"),
+        0,
+        0,
+    )
     assert out.shape == (0, g.UPCONVERT_DIM) and out.is_cuda
 
 
@@ -126,11 +156,19 @@ def test_argument_errors_with_device_tensors():
     with pytest.raises(ValueError, match="share a device"):
         ops.write_cache(cache, kv_c.cpu(), None, slots, "arbitrary_fp32")
     with pytest.raises(ValueError, match="same slot twice"):
-        ops.write_cache(cache, kv_c, None, torch.zeros(4, dtype=torch.int64, device="cuda"), "arbitrary_fp32")
+        ops.write_cache(
+            cache, kv_c, None, torch.zeros(4, dtype=torch.int64, device="cuda"), "arbitrary_fp32"
+        )
     with pytest.raises(ValueError, match="out of range"):
         ops.write_cache(cache, kv_c, None, slots + 30, "arbitrary_fp32")
     with pytest.raises(ValueError, match="pe_dim must be 64 or 0"):
-        ops.write_cache(cache, kv_c, torch.zeros(4, 16, dtype=torch.bfloat16, device="cuda"), slots, "arbitrary_fp32")
+        ops.write_cache(
+            cache,
+            kv_c,
+            torch.zeros(4, 16, dtype=torch.bfloat16, device="cuda"),
+            slots,
+            "arbitrary_fp32",
+        )
     table = torch.tensor([[0, 1]], dtype=torch.int32, device="cuda")
     starts = torch.zeros(1, dtype=torch.int32, device="cuda")
     with pytest.raises(ValueError, match="past its block_table row"):
@@ -144,21 +182,37 @@ def test_argument_errors_with_device_tensors():
 def test_unchecked_path_captures_in_a_cuda_graph():
     """The benchmark's fast path: no host sync, so it records into a graph and replays to the
     same bytes as the validated eager call."""
-    case = layout.LayoutCase(tokens=1000, block_size=64, row_bytes=656, rope_dim=64, scale_format="arbitrary_fp32")
+    case = layout.LayoutCase(
+        tokens=1000, block_size=64, row_bytes=656, rope_dim=64, scale_format="arbitrary_fp32"
+    )
     inputs = layout.make_inputs(case, "cuda")
     eager = torch.zeros(inputs.num_blocks, 64, 656, dtype=torch.uint8, device="cuda")
     ops.write_cache(eager, inputs.kv_c, inputs.k_pe, inputs.slot_mapping, case.scale_format)
-    eager_out = ops.gather_upconvert(eager, inputs.block_table, inputs.workspace_starts, inputs.total_rows, 64, inputs.seq_starts)
+    eager_out = ops.gather_upconvert(
+        eager, inputs.block_table, inputs.workspace_starts, inputs.total_rows, 64, inputs.seq_starts
+    )
 
     cache = torch.zeros_like(eager)
     out = torch.empty_like(eager_out)
-    ops.write_cache_unchecked(cache, inputs.kv_c, inputs.k_pe, inputs.slot_mapping, case.scale_format)  # warm up
+    ops.write_cache_unchecked(
+        cache, inputs.kv_c, inputs.k_pe, inputs.slot_mapping, case.scale_format
+    )  # warm up
     cache.zero_()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        ops.write_cache_unchecked(cache, inputs.kv_c, inputs.k_pe, inputs.slot_mapping, case.scale_format)
-        ops.gather_upconvert_into(out, cache, inputs.block_table, inputs.workspace_starts, inputs.total_rows, 64, inputs.seq_starts)
+        ops.write_cache_unchecked(
+            cache, inputs.kv_c, inputs.k_pe, inputs.slot_mapping, case.scale_format
+        )
+        ops.gather_upconvert_into(
+            out,
+            cache,
+            inputs.block_table,
+            inputs.workspace_starts,
+            inputs.total_rows,
+            64,
+            inputs.seq_starts,
+        )
     assert not cache.any()  # captured, not run
     graph.replay()
     torch.cuda.synchronize()

@@ -18,7 +18,9 @@ from nopebench.cli import app
 from nopebench.config import REPO_ROOT
 from nopebench.records import read_run
 
-NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without a GPU")
+NO_GPU = pytest.mark.skipif(
+    torch.cuda.is_available(), reason="checks the message shown without a GPU"
+)
 
 
 def invoke(*args: str):
@@ -34,7 +36,10 @@ def test_default_run_through_a_real_process(tmp_path):
     """The command exactly as `make run` uses it, at its default size (4096 tokens)."""
     proc = subprocess.run(
         [sys.executable, "-m", "nopebench", "verify-layout", "--results-dir", str(tmp_path)],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     assert "verify-layout: glm53-flash" in proc.stdout and "FAIL" not in proc.stdout
@@ -64,7 +69,9 @@ def test_two_runs_give_two_directories(tmp_path):
 
 @pytest.mark.parametrize("model", ["glm5", "dsv32"])
 def test_other_models(tmp_path, model):
-    result = invoke("--model", model, "--tokens", "64", "--seed", "3", "--results-dir", str(tmp_path))
+    result = invoke(
+        "--model", model, "--tokens", "64", "--seed", "3", "--results-dir", str(tmp_path)
+    )
     assert result.exit_code == 0, result.stderr
     assert f"verify-layout: {model}" in result.stdout and "RoPE tail bit-exact" in result.stdout
     checks = pd.read_csv(run_dirs(tmp_path)[0] / "checks.csv")
@@ -134,7 +141,9 @@ def test_a_failing_check_exits_1_and_records_failed(tmp_path, monkeypatch):
         rowformat.write_cache(cache, kv_c, k_pe, slot_mapping, scale_format)
         cache[..., g.ROPE_OFFSET :] = tail
 
-    broken = layout.LayoutImpl("reference", needs_gpu=False, load=lambda: (stale_tail_writer, rowformat.gather_upconvert))
+    broken = layout.LayoutImpl(
+        "reference", needs_gpu=False, load=lambda: (stale_tail_writer, rowformat.gather_upconvert)
+    )
     monkeypatch.setitem(layout.IMPLEMENTATIONS, "reference", broken)
     result = invoke("--tokens", "64", "--results-dir", str(tmp_path))
     assert result.exit_code == 1

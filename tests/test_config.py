@@ -38,29 +38,70 @@ BAD_CONFIGS: dict[str, tuple[str | None, tuple[str, ...]]] = {
     "list at top level": ("- name: x\n- num_heads: 64\n", ("mapping", "list")),
     "scalar at top level": ("glm53-flash\n", ("mapping", "str")),
     "not UTF-8": ("<latin1>", ("cannot read",)),
-    "unknown key": (edited(r"^name: .*$", "name: glm53-flash\nnum_head: 64"), ("unknown key", "num_head")),
+    "unknown key": (
+        edited(r"^name: .*$", "name: glm53-flash\nnum_head: 64"),
+        ("unknown key", "num_head"),
+    ),
     "missing key": (edited(r"^num_heads: .*$", ""), ("missing", "num_heads")),
-    "string for int": (edited(r"^num_heads: .*$", 'num_heads: "64"'), ("num_heads", "'64'", "integer")),
+    "string for int": (
+        edited(r"^num_heads: .*$", 'num_heads: "64"'),
+        ("num_heads", "'64'", "integer"),
+    ),
     "float for int": (edited(r"^num_heads: .*$", "num_heads: 64.0"), ("num_heads", "64.0")),
     "bool for int": (edited(r"^num_heads: .*$", "num_heads: true"), ("num_heads", "True")),
-    "kv_lora_rank 256": (edited(r"^kv_lora_rank: .*$", "kv_lora_rank: 256"), ("kv_lora_rank", "256", "512")),
-    "rope 32": (edited(r"^qk_rope_head_dim: .*$", "qk_rope_head_dim: 32"), ("qk_rope_head_dim", "32", "0 or 64")),
+    "kv_lora_rank 256": (
+        edited(r"^kv_lora_rank: .*$", "kv_lora_rank: 256"),
+        ("kv_lora_rank", "256", "512"),
+    ),
+    "rope 32": (
+        edited(r"^qk_rope_head_dim: .*$", "qk_rope_head_dim: 32"),
+        ("qk_rope_head_dim", "32", "0 or 64"),
+    ),
     "528-byte rows with rope 64": (
-        edited(r"^qk_rope_head_dim: .*$", "qk_rope_head_dim: 64").replace("row_bytes: 656", "row_bytes: 528"),
+        edited(r"^qk_rope_head_dim: .*$", "qk_rope_head_dim: 64").replace(
+            "row_bytes: 656", "row_bytes: 528"
+        ),
         ("row_bytes", "528", "qk_rope_head_dim"),
     ),
-    "row_bytes 600": (edited(r"^row_bytes: .*$", "row_bytes: 600"), ("row_bytes", "600", "528", "656")),
-    "heads not divisible by TP": (edited(r"^tensor_parallel: .*$", "tensor_parallel: 3"), ("num_heads", "64", "tensor_parallel", "3")),
-    "heads per GPU > 128": (edited(r"^num_heads: .*$", "num_heads: 1024"), ("num_heads", "1024", "tensor_parallel", "256", "128")),
-    "negative index_topk": (edited(r"^index_topk: .*$", "index_topk: -2048"), ("index_topk", "-2048", "greater than 0")),
+    "row_bytes 600": (
+        edited(r"^row_bytes: .*$", "row_bytes: 600"),
+        ("row_bytes", "600", "528", "656"),
+    ),
+    "heads not divisible by TP": (
+        edited(r"^tensor_parallel: .*$", "tensor_parallel: 3"),
+        ("num_heads", "64", "tensor_parallel", "3"),
+    ),
+    "heads per GPU > 128": (
+        edited(r"^num_heads: .*$", "num_heads: 1024"),
+        ("num_heads", "1024", "tensor_parallel", "256", "128"),
+    ),
+    "negative index_topk": (
+        edited(r"^index_topk: .*$", "index_topk: -2048"),
+        ("index_topk", "-2048", "greater than 0"),
+    ),
     "zero kpool": (edited(r"^index_kpool: .*$", "index_kpool: 0"), ("index_kpool", "0")),
     "block size 48": (edited(r"^block_size: .*$", "block_size: 48"), ("block_size", "48")),
-    "bad kv_scale_format": (edited(r"^kv_scale_format: .*$", "kv_scale_format: e4m3"), ("kv_scale_format", "'e4m3'", "arbitrary_fp32", "pow2_fp32")),
-    "infinite softmax scale": (edited(r"^softmax_scale: .*$", "softmax_scale: .inf"), ("softmax_scale", "inf")),
-    "negative softmax scale": (edited(r"^softmax_scale: .*$", "softmax_scale: -0.0625"), ("softmax_scale", "-0.0625")),
-    "sparse layers > layers": (edited(r"^sparse_layers: .*$", "sparse_layers: 46"), ("sparse_layers", "46", "45")),
+    "bad kv_scale_format": (
+        edited(r"^kv_scale_format: .*$", "kv_scale_format: e4m3"),
+        ("kv_scale_format", "'e4m3'", "arbitrary_fp32", "pow2_fp32"),
+    ),
+    "infinite softmax scale": (
+        edited(r"^softmax_scale: .*$", "softmax_scale: .inf"),
+        ("softmax_scale", "inf"),
+    ),
+    "negative softmax scale": (
+        edited(r"^softmax_scale: .*$", "softmax_scale: -0.0625"),
+        ("softmax_scale", "-0.0625"),
+    ),
+    "sparse layers > layers": (
+        edited(r"^sparse_layers: .*$", "sparse_layers: 46"),
+        ("sparse_layers", "46", "45"),
+    ),
     "version 2": (edited(r"^version: .*$", "version: 2"), ("version", "2")),
-    "rich markup in a key": (edited(r"^name: .*$", 'name: glm53-flash\n"[/bold]": 1'), ("unknown key", "[/bold]")),
+    "rich markup in a key": (
+        edited(r"^name: .*$", 'name: glm53-flash\n"[/bold]": 1'),
+        ("unknown key", "[/bold]"),
+    ),
 }
 
 
@@ -85,7 +126,9 @@ def test_at_least_a_dozen_bad_configs():
 def test_bad_config_is_one_line_and_exit_2(tmp_path, name):
     path = make_bad(tmp_path, name)
     results = tmp_path / "results"
-    result = CliRunner().invoke(app, ["verify-layout", "--model", str(path), "--results-dir", str(results)])
+    result = CliRunner().invoke(
+        app, ["verify-layout", "--model", str(path), "--results-dir", str(results)]
+    )
     assert result.exit_code == 2, (result.stdout, result.stderr)
     assert result.stdout == ""  # no table, no partial output
     lines = result.stderr.splitlines()
@@ -105,8 +148,20 @@ def test_bad_config_through_a_real_process(tmp_path, name):
     path = make_bad(tmp_path, name)
     results = tmp_path / "results"
     proc = subprocess.run(
-        [sys.executable, "-m", "nopebench", "verify-layout", "--model", str(path), "--results-dir", str(results)],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "nopebench",
+            "verify-layout",
+            "--model",
+            str(path),
+            "--results-dir",
+            str(results),
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 2
     assert proc.stdout == ""
@@ -116,7 +171,9 @@ def test_bad_config_through_a_real_process(tmp_path, name):
 
 
 def test_unknown_bundled_name(tmp_path):
-    result = CliRunner().invoke(app, ["verify-layout", "--model", "no-such-model", "--results-dir", str(tmp_path / "r")])
+    result = CliRunner().invoke(
+        app, ["verify-layout", "--model", "no-such-model", "--results-dir", str(tmp_path / "r")]
+    )
     assert result.exit_code == 2
     assert len(result.stderr.splitlines()) == 1
     assert "no-such-model.yaml" in result.stderr and "not found" in result.stderr
@@ -125,7 +182,9 @@ def test_unknown_bundled_name(tmp_path):
 def test_markup_in_a_missing_path_is_printed_not_parsed(tmp_path):
     """A path with rich markup in it ('[/x]') used to crash the error printer with a traceback."""
     path = tmp_path / "[/x]" / "[bold]model.yaml"
-    result = CliRunner().invoke(app, ["verify-layout", "--model", str(path), "--results-dir", str(tmp_path / "r")])
+    result = CliRunner().invoke(
+        app, ["verify-layout", "--model", str(path), "--results-dir", str(tmp_path / "r")]
+    )
     assert result.exit_code == 2, result.stderr
     assert result.stderr.strip() == f"nopebench: error: {path}: config file not found"
 
@@ -149,7 +208,11 @@ def test_glm5_derived_values():
     cfg = load_model_config("glm5")
     assert not cfg.nope and cfg.qk_rope_head_dim == 64 and cfg.qk_dim == 576
     assert cfg.topk_width == 2048 and cfg.max_active == 2048 and cfg.heads_per_gpu == 16
-    assert (cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.kv_scale_format) == (192, 256, "arbitrary_fp32")
+    assert (cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.kv_scale_format) == (
+        192,
+        256,
+        "arbitrary_fp32",
+    )
     assert cfg.softmax_scale == pytest.approx(256**-0.5)
 
 

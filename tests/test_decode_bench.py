@@ -42,18 +42,25 @@ def test_shipped_config_grid():
     assert len(cases) == 4 * 5 * 2 * 2
     assert len({c.case_id for c in cases}) == len(cases)
     quick = grid(cfg, quick=True)
-    assert {(c.heads, c.query_tokens, c.width, c.active) for c in quick} == {(16, 1, 2176, 2051), (16, 512, 2176, 2051),
-                                                                          (64, 1, 2176, 2051), (64, 512, 2176, 2051)}
+    assert {(c.heads, c.query_tokens, c.width, c.active) for c in quick} == {
+        (16, 1, 2176, 2051),
+        (16, 512, 2176, 2051),
+        (64, 1, 2176, 2051),
+        (64, 512, 2176, 2051),
+    }
 
 
-@pytest.mark.parametrize("key, value, needle", [
-    ("widths", [{"width": 2048, "active": 4096}], "exceeds width"),
-    ("heads", [0, 16], "heads"),
-    ("modes", ["rope"], "modes"),
-    ("cache_rows", 12, "cache_rows"),
-    ("surprise", 1, "unknown key 'surprise'"),
-    ("timing", {"budget_s": "fast"}, "timing.budget_s"),
-])
+@pytest.mark.parametrize(
+    "key, value, needle",
+    [
+        ("widths", [{"width": 2048, "active": 4096}], "exceeds width"),
+        ("heads", [0, 16], "heads"),
+        ("modes", ["rope"], "modes"),
+        ("cache_rows", 12, "cache_rows"),
+        ("surprise", 1, "unknown key 'surprise'"),
+        ("timing", {"budget_s": "fast"}, "timing.budget_s"),
+    ],
+)
 def test_bad_bench_configs_are_one_line(tmp_path, key, value, needle):
     data = yaml.safe_load(resolve_config_path("h200-nope", "bench").read_text())
     data[key] = value
@@ -98,13 +105,17 @@ def _run(monkeypatch, specs, mode="nope"):
     case = DecodeCase(heads=16, query_tokens=4, width=256, active=200, mode=mode)
     cache, usable = build_cache(case.mode, cfg.cache_rows, 64, "arbitrary_fp32", "cpu")
     registry = {s.name: s for s in specs}
-    return runner.run_case(case, cfg, model, cache, usable, registry, list(registry), CEIL, 0.01, None)
+    return runner.run_case(
+        case, cfg, model, cache, usable, registry, list(registry), CEIL, 0.01, None
+    )
 
 
 def _ref(problem):
     from nopebench.impls.reference import sparse_decode_reference
 
-    return sparse_decode_reference(problem.q, problem.cache, problem.indices, problem.softmax_scale, problem.rope_dim)[0]
+    return sparse_decode_reference(
+        problem.q, problem.cache, problem.indices, problem.softmax_scale, problem.rope_dim
+    )[0]
 
 
 def test_runner_checks_then_times_and_rejects_wrong_kernels(monkeypatch):
@@ -116,9 +127,19 @@ def test_runner_checks_then_times_and_rejects_wrong_kernels(monkeypatch):
         out[-1] = math.nan  # a real kernel would leave whatever the poison was
         return out
 
-    refused = ImplSpec("refused", "x", lambda p: "refused needs an SM120/SM121 GPU (this is CPU)", lambda p: None)
-    rows = _run(monkeypatch, [reference_spec(), _spec("good", _ref), _spec("pad-bug", ignores_padding),
-                              _spec("unwritten", leaves_rows_unwritten), refused])
+    refused = ImplSpec(
+        "refused", "x", lambda p: "refused needs an SM120/SM121 GPU (this is CPU)", lambda p: None
+    )
+    rows = _run(
+        monkeypatch,
+        [
+            reference_spec(),
+            _spec("good", _ref),
+            _spec("pad-bug", ignores_padding),
+            _spec("unwritten", leaves_rows_unwritten),
+            refused,
+        ],
+    )
     by = {r["impl"]: r for r in rows}
     assert by["reference"]["passed"] and by["reference"]["median_ms"] == 1.0
     assert by["good"]["passed"] and by["good"]["error"] is None and by["good"]["pct_roofline"] > 0
@@ -144,20 +165,52 @@ def test_make_problem_is_fresh_per_set_and_poison_is_never_indexed():
     assert bool((cache.view(-1, 528)[usable:] == 0xFF).all())  # the poison rows really are poison
 
 
-def _rows(native16=0.28, bf16_16=0.30, fp8_16=1.6, shim16=0.33, native64=0.40, bf16_64=0.345, fp8_64=1.65, shim64=0.43,
-          n1=0.012, b1=0.020, n1_64=0.02, b1_64=0.021):
+def _rows(
+    native16=0.28,
+    bf16_16=0.30,
+    fp8_16=1.6,
+    shim16=0.33,
+    native64=0.40,
+    bf16_64=0.345,
+    fp8_64=1.65,
+    shim64=0.43,
+    n1=0.012,
+    b1=0.020,
+    n1_64=0.02,
+    b1_64=0.021,
+):
     data = []
     for impl, mode, h, t, ms in [
-        ("native", "nope", 16, 512, native16), ("flashinfer-fa3-bf16", "nope", 16, 512, bf16_16),
-        ("flashinfer-fa3-fp8", "nope", 16, 512, fp8_16), ("native", "shim", 16, 512, shim16),
-        ("native", "nope", 64, 512, native64), ("flashinfer-fa3-bf16", "nope", 64, 512, bf16_64),
-        ("flashinfer-fa3-fp8", "nope", 64, 512, fp8_64), ("native", "shim", 64, 512, shim64),
-        ("native", "nope", 16, 1, n1), ("flashinfer-fa3-bf16", "nope", 16, 1, b1),
-        ("native", "nope", 64, 1, n1_64), ("flashinfer-fa3-bf16", "nope", 64, 1, b1_64),
+        ("native", "nope", 16, 512, native16),
+        ("flashinfer-fa3-bf16", "nope", 16, 512, bf16_16),
+        ("flashinfer-fa3-fp8", "nope", 16, 512, fp8_16),
+        ("native", "shim", 16, 512, shim16),
+        ("native", "nope", 64, 512, native64),
+        ("flashinfer-fa3-bf16", "nope", 64, 512, bf16_64),
+        ("flashinfer-fa3-fp8", "nope", 64, 512, fp8_64),
+        ("native", "shim", 64, 512, shim64),
+        ("native", "nope", 16, 1, n1),
+        ("flashinfer-fa3-bf16", "nope", 16, 1, b1),
+        ("native", "nope", 64, 1, n1_64),
+        ("flashinfer-fa3-bf16", "nope", 64, 1, b1_64),
     ]:
-        data.append({"case": f"h{h}-t{t}-{mode}", "impl": impl, "mode": mode, "heads": h, "query_tokens": t,
-                     "width": 2176, "active": 2051, "median_ms": ms, "spread": 0.02, "error": None, "skipped": None,
-                     "passed": True, "pct_roofline": 50.0})
+        data.append(
+            {
+                "case": f"h{h}-t{t}-{mode}",
+                "impl": impl,
+                "mode": mode,
+                "heads": h,
+                "query_tokens": t,
+                "width": 2176,
+                "active": 2051,
+                "median_ms": ms,
+                "spread": 0.02,
+                "error": None,
+                "skipped": None,
+                "passed": True,
+                "pct_roofline": 50.0,
+            }
+        )
     return pd.DataFrame(data)
 
 
@@ -179,12 +232,20 @@ def test_criteria_flag_a_verdict_inside_the_measured_spread_without_changing_it(
     assert h16.passed is False and h16.within_spread and h16.spread == pytest.approx(0.04)
     assert h16.as_row()["within_spread"] is True and acceptance.spread_band(h16) == "±4.0%"
     clear = {c.name: c for c in acceptance.criteria(_rows(native16=0.31, bf16_16=0.293))}
-    assert not clear["H=16: native NoPE at least as fast as fa3 bf16 NoPE (fa3 / native)"].within_spread
+    assert not clear[
+        "H=16: native NoPE at least as fast as fa3 bf16 NoPE (fa3 / native)"
+    ].within_spread
     just_over = {c.name: c for c in acceptance.criteria(_rows(native16=0.291, bf16_16=0.293))}
     assert just_over["H=16: native NoPE at least as fast as fa3 bf16 NoPE (fa3 / native)"].passed
-    assert just_over["H=16: native NoPE at least as fast as fa3 bf16 NoPE (fa3 / native)"].within_spread
+    assert just_over[
+        "H=16: native NoPE at least as fast as fa3 bf16 NoPE (fa3 / native)"
+    ].within_spread
     failures = tie["every case that ran passed its correctness check (failures)"]
-    assert failures.spread is None and not failures.within_spread and acceptance.spread_band(failures) == "-"
+    assert (
+        failures.spread is None
+        and not failures.within_spread
+        and acceptance.spread_band(failures) == "-"
+    )
 
 
 def test_criteria_missing_implementation_is_not_measurable_and_failures_count():

@@ -67,7 +67,9 @@ def test_ties_round_to_even():
 
 
 def test_special_values():
-    values = np.float32([0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 448.0, 449.0, 1e30, -1e30, 2.0**-9, 2.0**-11])
+    values = np.float32(
+        [0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 448.0, 449.0, 1e30, -1e30, 2.0**-9, 2.0**-11]
+    )
     expected = np.uint8([0x00, 0x80, 0x7E, 0xFE, 0x7F, 0xFF, 0x7E, 0x7E, 0x7E, 0xFE, 0x01, 0x00])
     np.testing.assert_array_equal(e4m3.encode(values), expected)
     np.testing.assert_array_equal(torch_cast_path(values), expected)
@@ -82,14 +84,29 @@ def test_decode_encode_round_trip_on_every_code():
 
 @PROPERTY
 @given(st.lists(st.floats(width=32), min_size=1, max_size=300))
-@example([0.0, -0.0, float("nan"), float("inf"), -float("inf"), 448.0, 464.0, 2.0**-10, 3 * 2.0**-10, 1e-45])
+@example(
+    [
+        0.0,
+        -0.0,
+        float("nan"),
+        float("inf"),
+        -float("inf"),
+        448.0,
+        464.0,
+        2.0**-10,
+        3 * 2.0**-10,
+        1e-45,
+    ]
+)
 def test_encode_equals_torch_cast_on_arbitrary_float32(values):
     v = np.array(values, dtype=np.float32)
     np.testing.assert_array_equal(e4m3.encode(v), torch_cast_path(v))
 
 
 @PROPERTY
-@given(st.lists(st.floats(width=32, allow_nan=False, allow_infinity=False), min_size=1, max_size=300))
+@given(
+    st.lists(st.floats(width=32, allow_nan=False, allow_infinity=False), min_size=1, max_size=300)
+)
 def test_rounding_bound_holds_and_is_tight_at_ties(values):
     v = np.array(values, dtype=np.float32)
     err = np.abs(decode_e4m3(e4m3.encode(v)).astype(np.float64) - v.astype(np.float64))

@@ -18,7 +18,15 @@ def test_row_layout_constants():
 
 @pytest.mark.parametrize(
     ("topk", "kpool", "width"),
-    [(2048, 4, 2176), (2048, 1, 2048), (2048, 2, 2176), (128, 1, 128), (1, 1, 128), (2049, 1, 2176), (2046, 3, 2048)],
+    [
+        (2048, 4, 2176),
+        (2048, 1, 2048),
+        (2048, 2, 2176),
+        (128, 1, 128),
+        (1, 1, 128),
+        (2049, 1, 2176),
+        (2046, 3, 2048),
+    ],
 )
 def test_topk_buffer_width(topk, kpool, width):
     assert g.topk_buffer_width(topk, kpool) == width
@@ -41,7 +49,14 @@ def test_topk_buffer_width_rejects_non_positive(topk, kpool):
 
 
 def test_round_up():
-    assert [g.round_up(v, 128) for v in (0, 1, 127, 128, 129, 2051)] == [0, 128, 128, 128, 256, 2176]
+    assert [g.round_up(v, 128) for v in (0, 1, 127, 128, 129, 2051)] == [
+        0,
+        128,
+        128,
+        128,
+        256,
+        2176,
+    ]
     with pytest.raises(ValueError):
         g.round_up(5, 0)
 
@@ -55,7 +70,9 @@ def test_cost_model():
     # 2 * T * H * active * (d_qk + 512)
     assert g.decode_flops(512, 16, 2048, 512) == 2 * 512 * 16 * 2048 * 1024
     assert g.decode_bytes(1, 16, 2048, 528, 512) == 2048 * 528 + 16 * 512 * 2 + 16 * 512 * 2
-    assert g.decode_bytes(2, 128, 10, 656, 576) == 2 * 10 * 656 + 2 * 128 * 576 * 2 + 2 * 128 * 512 * 2
+    assert (
+        g.decode_bytes(2, 128, 10, 656, 576) == 2 * 10 * 656 + 2 * 128 * 576 * 2 + 2 * 128 * 512 * 2
+    )
     assert g.cache_write_bytes(3, 0, 528) == 3 * (1024 + 528)
     assert g.cache_write_bytes(3, 64, 656) == 3 * (1024 + 128 + 656)
     assert g.gather_bytes(5, 656) == 5 * (656 + 1152)

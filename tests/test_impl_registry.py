@@ -19,13 +19,22 @@ from nopebench.impls import registry as impl_registry
 from nopebench.impls.interface import DecodeOutput, ImplSpec
 from nopebench.impls.reference import sparse_decode_reference
 
-EXPECTED = ["reference", "native", "flashinfer-sm120", "flashinfer-trtllm", "flashinfer-fa3-bf16", "flashinfer-fa3-fp8"]
+EXPECTED = [
+    "reference",
+    "native",
+    "flashinfer-sm120",
+    "flashinfer-trtllm",
+    "flashinfer-fa3-bf16",
+    "flashinfer-fa3-fp8",
+]
 H200 = {"gpu": "NVIDIA H200", "sm": 90}
 
 
 def small_problem(device="cpu", rope_dim=None, tokens=4, model="glm53-flash"):
     cfg = load_model_config(model)
-    case = dataclasses.replace(model_case(cfg, tokens, 3, rope_dim=rope_dim), topk_width=256, active=200)
+    case = dataclasses.replace(
+        model_case(cfg, tokens, 3, rope_dim=rope_dim), topk_width=256, active=200
+    )
     return build_problem(case, torch.device(device))
 
 
@@ -57,12 +66,15 @@ def test_wrong_gpu_refusal_names_the_gpu_and_the_need(gpu_is):
     problem = small_problem()
     registry = impl_registry.implementations()
     assert registry["flashinfer-sm120"].unsupported(problem) == (
-        "flashinfer-sm120 needs an SM120/SM121 GPU (this is NVIDIA H200, SM90)")
+        "flashinfer-sm120 needs an SM120/SM121 GPU (this is NVIDIA H200, SM90)"
+    )
     assert registry["flashinfer-trtllm"].unsupported(problem) == (
-        "flashinfer-trtllm needs an SM100/SM103 GPU (this is NVIDIA H200, SM90)")
+        "flashinfer-trtllm needs an SM100/SM103 GPU (this is NVIDIA H200, SM90)"
+    )
     # the right GPU, but CPU tensors: refused for that reason, in one line
     assert registry["flashinfer-fa3-bf16"].unsupported(problem) == (
-        "flashinfer-fa3-bf16 runs on CUDA tensors; this problem is on cpu")
+        "flashinfer-fa3-bf16 runs on CUDA tensors; this problem is on cpu"
+    )
 
 
 def test_fa3_fp8_refuses_real_rope_lanes(monkeypatch, gpu_is):
@@ -85,7 +97,9 @@ def test_sm120_refuses_nope_without_arbitrary_scales(monkeypatch, gpu_is):
 def test_reference_dispatch_is_the_reference():
     problem = small_problem()
     got = impl_registry.decode(problem, "reference")
-    out, lse = sparse_decode_reference(problem.q, problem.cache, problem.indices, problem.softmax_scale, 0)
+    out, lse = sparse_decode_reference(
+        problem.q, problem.cache, problem.indices, problem.softmax_scale, 0
+    )
     assert torch.equal(got.out, out) and torch.equal(got.lse, lse)
 
 
@@ -125,7 +139,9 @@ def _fake(name, fail_at, message):
 
 @pytest.mark.parametrize("fail_at", ["prepare", "run"])
 def test_known_flashinfer_errors_are_translated(fail_at):
-    text = "SM120 sparse MLA v32/GLM expects sparse block_tables shape (4, 1, 2048), got (4, 1, 2176)"
+    text = (
+        "SM120 sparse MLA v32/GLM expects sparse block_tables shape (4, 1, 2048), got (4, 1, 2176)"
+    )
     with pytest.raises(signatures.KnownFailure, match="page-table capacity fix") as info:
         impl_registry.decode(small_problem(), "fake", _fake("fake", fail_at, text))
     assert info.value.where == "fake"
@@ -148,7 +164,9 @@ def test_fa3_fp8_cache_is_the_packed_bytes_and_per_token_tile_scales():
     assert scale.shape == (n, 1, 4) and scale.dtype == torch.float32 and scale.is_contiguous()
     assert kpe.shape == (n, 1, 0) and kwargs["kpe_scale"] == 1.0
     assert torch.equal(ckv.view(n, 512).view(torch.uint8), rows[:, :512])
-    kernel_view = (ckv.view(n, 4, 128).to(torch.bfloat16).float() * scale.view(n, 4, 1)).to(torch.bfloat16)
+    kernel_view = (ckv.view(n, 4, 128).to(torch.bfloat16).float() * scale.view(n, 4, 1)).to(
+        torch.bfloat16
+    )
     ok = torch.isfinite(scale.view(n, 4)).all(dim=1)  # the poisoned block is NaN in both
     expect, _ = rowformat.dequantize_rows(rows)
     assert torch.equal(kernel_view.view(n, 512)[ok], expect[ok])
@@ -161,7 +179,9 @@ def test_fa3_bf16_cache_is_the_dequantized_rows():
     latent, rope = rowformat.dequantize_rows(rows)
     assert kwargs == {}
     bits = lambda t: t.contiguous().view(torch.int16)  # noqa: E731  (NaN rows compare by bits)
-    assert torch.equal(bits(ckv.view(-1, 512)), bits(latent)) and torch.equal(bits(kpe.view(-1, 64)), bits(rope))
+    assert torch.equal(bits(ckv.view(-1, 512)), bits(latent)) and torch.equal(
+        bits(kpe.view(-1, 64)), bits(rope)
+    )
 
 
 # --- GPU: every adapter this GPU can run against the reference --------------------------------
@@ -187,7 +207,9 @@ def test_gpu_adapter_matches_reference_with_padding_and_empty_rows(impl, rope_di
         pytest.skip(reason)
     got = impl_registry.decode(problem, impl)
     torch.cuda.synchronize()
-    ref_out, ref_lse = sparse_decode_reference(problem.q, problem.cache, problem.indices, problem.softmax_scale, rope_dim)
+    ref_out, ref_lse = sparse_decode_reference(
+        problem.q, problem.cache, problem.indices, problem.softmax_scale, rope_dim
+    )
     cmp = compare.close(got.out, ref_out, **spec.tolerance.kwargs())
     assert cmp.passed, cmp.detail
     empty = (problem.indices < 0).all(dim=1)
@@ -206,5 +228,7 @@ def test_gpu_closure_output_is_rewritten_every_call():
         first.out.fill_(float("nan"))
         second = run()
         torch.cuda.synchronize()
-        assert isinstance(second, DecodeOutput) and bool(torch.isfinite(second.out).all()), spec.name
+        assert isinstance(second, DecodeOutput) and bool(torch.isfinite(second.out).all()), (
+            spec.name
+        )
         assert second.out.shape == (8, problem.heads, g.LATENT_DIM)

@@ -70,8 +70,15 @@ def reference_grid() -> list[layout.LayoutCase]:
                 for bs in (16, 64):
                     for tokens, strided in ((1, False), (150, True)):
                         seed = len(cases) + (100 if name == "dsv32" else 0)
-                        cases.append(replace(layout.model_case(cfg, tokens, seed), row_bytes=rb, scale_format=fmt,
-                                             block_size=bs, strided_inputs=strided))
+                        cases.append(
+                            replace(
+                                layout.model_case(cfg, tokens, seed),
+                                row_bytes=rb,
+                                scale_format=fmt,
+                                block_size=bs,
+                                strided_inputs=strided,
+                            )
+                        )
     return cases
 
 
@@ -142,7 +149,9 @@ def skipped_slot_writer(target: str):
         assert skipped.numel(), "the case must skip some tokens"
         t = int(skipped[-1])
         rb = cache.shape[-1]
-        row = rowformat.pack_rows(kv_c[t : t + 1], None if k_pe is None else k_pe[t : t + 1], scale_format, rb)[0]
+        row = rowformat.pack_rows(
+            kv_c[t : t + 1], None if k_pe is None else k_pe[t : t + 1], scale_format, rb
+        )[0]
         flat = cache.view(-1, rb)
         if target == "before":
             whole = cache.as_strided((flat.shape[0] + 1, rb), (rb, 1), cache.storage_offset() - rb)
@@ -191,7 +200,9 @@ def test_stale_tail_is_harmless_in_compact_rows():
     assert not failed(layout.run_case(nope_case(row_bytes=528), stale_tail_writer, GATHER))
 
 
-@pytest.mark.parametrize(("model", "tokens"), [("glm53-flash", 4096), ("glm53-flash", 64), ("glm5", 64)])
+@pytest.mark.parametrize(
+    ("model", "tokens"), [("glm53-flash", 4096), ("glm53-flash", 64), ("glm5", 64)]
+)
 def test_reciprocal_multiply_is_caught(model, tokens):
     """The generated inputs expose it: bf16 tile maxima have short mantissas, so many scales are
     c * 2**k with 1 / c inexact (c = 7: 1.53125 / 448 = 7 * 2**-11), and values such as
@@ -205,14 +216,19 @@ def test_reciprocal_multiply_is_caught(model, tokens):
 def test_reciprocal_multiply_is_caught_for_every_seed_at_small_sizes():
     """Tie tiles in the generated inputs (scale 7 * 2**k, x / scale an exact e4m3 tie) make
     this reliable even for a handful of tokens; without them seed 0 at 16 tokens passed."""
-    caught = [set(failed(layout.run_case(nope_case(16, base_seed=s), reciprocal_writer, GATHER))) == {LATENT}
-              for s in range(20)]
+    caught = [
+        set(failed(layout.run_case(nope_case(16, base_seed=s), reciprocal_writer, GATHER)))
+        == {LATENT}
+        for s in range(20)
+    ]
     assert all(caught), caught
 
 
 def test_reciprocal_multiply_is_exact_for_pow2_scales():
     """With power-of-two scales 1 / scale is exact, so the 'fault' writes identical bytes."""
-    assert not failed(layout.run_case(nope_case(scale_format="pow2_fp32"), reciprocal_writer, GATHER))
+    assert not failed(
+        layout.run_case(nope_case(scale_format="pow2_fp32"), reciprocal_writer, GATHER)
+    )
 
 
 def seed_with_free_slots(case: layout.LayoutCase) -> layout.LayoutCase:
@@ -264,18 +280,24 @@ def test_zeroed_rope_is_caught():
 # ---------------------------------------------------------------- faulty gatherers
 
 
-def stale_lanes_gatherer(cache, block_table, workspace_starts, total_rows, rope_dim, seq_starts=None):
+def stale_lanes_gatherer(
+    cache, block_table, workspace_starts, total_rows, rope_dim, seq_starts=None
+):
     """Copies bytes 528:656 into the RoPE lanes even for NoPE (stale tails of unwritten rows)."""
     return GATHER(cache, block_table, workspace_starts, total_rows, g.ROPE_DIM, seq_starts)
 
 
-def wrong_block_gatherer(cache, block_table, workspace_starts, total_rows, rope_dim, seq_starts=None):
+def wrong_block_gatherer(
+    cache, block_table, workspace_starts, total_rows, rope_dim, seq_starts=None
+):
     """Reads each position from the next block id over (an off-by-one in the block lookup)."""
     shifted = torch.where(block_table >= 0, (block_table + 1) % cache.shape[0], block_table)
     return GATHER(cache, shifted, workspace_starts, total_rows, rope_dim, seq_starts)
 
 
-def no_seq_starts_gatherer(cache, block_table, workspace_starts, total_rows, rope_dim, seq_starts=None):
+def no_seq_starts_gatherer(
+    cache, block_table, workspace_starts, total_rows, rope_dim, seq_starts=None
+):
     """Ignores seq_starts: every request read from position 0."""
     return GATHER(cache, block_table, workspace_starts, total_rows, rope_dim, None)
 
@@ -359,11 +381,23 @@ def test_many_non_finite_rows_are_listed_briefly(monkeypatch):
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.integers(1, 300), st.sampled_from([16, 32, 64]), st.integers(0, 6), st.integers(0, 1000),
-       st.sampled_from([0.0, 0.1, 0.9]), st.booleans())
+@given(
+    st.integers(1, 300),
+    st.sampled_from([16, 32, 64]),
+    st.integers(0, 6),
+    st.integers(0, 1000),
+    st.sampled_from([0.0, 0.1, 0.9]),
+    st.booleans(),
+)
 def test_make_inputs_invariants(tokens, block_size, requests, seed, skip, strided):
-    case = replace(nope_case(tokens), block_size=block_size, requests=requests, base_seed=seed,
-                   skip_fraction=skip, strided_inputs=strided)
+    case = replace(
+        nope_case(tokens),
+        block_size=block_size,
+        requests=requests,
+        base_seed=seed,
+        skip_fraction=skip,
+        strided_inputs=strided,
+    )
     inputs = layout.make_inputs(case)
     capacity = inputs.num_blocks * block_size
     slots = inputs.slot_mapping
@@ -378,7 +412,9 @@ def test_make_inputs_invariants(tokens, block_size, requests, seed, skip, stride
     assert inputs.total_rows == tokens and ws[-1] < tokens
     # Every gathered position lies in a block its request owns (the plan raises otherwise).
     cache = torch.zeros(inputs.num_blocks, block_size, 528, dtype=torch.uint8)
-    plan = rowformat.gather_plan(cache, inputs.block_table, inputs.workspace_starts, inputs.total_rows, 0, inputs.seq_starts)
+    plan = rowformat.gather_plan(
+        cache, inputs.block_table, inputs.workspace_starts, inputs.total_rows, 0, inputs.seq_starts
+    )
     assert plan.unique().numel() == tokens
     owned = inputs.block_table[inputs.block_table >= 0]
     assert owned.unique().numel() == owned.numel() and owned.numel() <= inputs.num_blocks - 2
@@ -388,7 +424,9 @@ def test_adversarial_inputs_cover_the_promised_corners():
     """+-0, lone subnormals, all-zero tiles, x / scale exactly -448, and values just under 448."""
     x = layout.adversarial_latent(4096, torch.Generator().manual_seed(0))
     bits = x.view(torch.int16)
-    assert bool((bits == 0).any()) and bool((bits == torch.tensor(0x8000, dtype=torch.uint16).view(torch.int16)).any())
+    assert bool((bits == 0).any()) and bool(
+        (bits == torch.tensor(0x8000, dtype=torch.uint16).view(torch.int16)).any()
+    )
     sub = (x != 0) & (x.float().abs() < torch.finfo(torch.float32).tiny)
     assert int(sub.sum()) > 100
     tiles = x.float().view(-1, 4, 128)
@@ -426,13 +464,18 @@ def test_sweep_grid():
     for cases in (nope, rope):
         combos: dict[tuple, set[bool]] = {}
         for c in cases:
-            combos.setdefault((c.block_size, c.row_bytes, c.scale_format), set()).add(c.strided_inputs)
+            combos.setdefault((c.block_size, c.row_bytes, c.scale_format), set()).add(
+                c.strided_inputs
+            )
         assert all(v == {True, False} for v in combos.values()), combos
 
 
 def test_registry_and_skips():
     assert set(layout.IMPLEMENTATIONS) >= {"reference", "cuda"}
-    assert not layout.IMPLEMENTATIONS["reference"].needs_gpu and layout.IMPLEMENTATIONS["cuda"].needs_gpu
+    assert (
+        not layout.IMPLEMENTATIONS["reference"].needs_gpu
+        and layout.IMPLEMENTATIONS["cuda"].needs_gpu
+    )
     report = layout.verify_layout([nope_case(8)], ["reference", "cuda"])
     if not torch.cuda.is_available():
         assert "cuda" in report.skipped and "GPU" in report.skipped["cuda"]
@@ -445,8 +488,14 @@ def test_summarize_rows_are_long_format():
     rows = layout.summarize(case, "reference", results)
     assert len(rows) == len(results)
     for row, r in zip(rows, results, strict=True):
-        assert row["case"] == case.case_id and row["impl"] == "reference" and row["check"] == r.check
-        assert row["tokens"] == 8 and row["scale_format"] == case.scale_format and row["passed"] is r.passed
+        assert (
+            row["case"] == case.case_id and row["impl"] == "reference" and row["check"] == r.check
+        )
+        assert (
+            row["tokens"] == 8
+            and row["scale_format"] == case.scale_format
+            and row["passed"] is r.passed
+        )
 
 
 def test_independent_helpers():

@@ -34,7 +34,9 @@ SCALE = 0.0625
 @pytest.mark.parametrize("heads", [1, 16, 20, 32, 64, 100, 128])
 @pytest.mark.parametrize("tokens", [1, 8, 64, 512])
 @pytest.mark.parametrize("width", [64, 2048, 2176, 2200])
-@pytest.mark.parametrize("planner", ["triton", "hopper-nope", "hopper-rope", "hopper-ws", "hopper-wide"])
+@pytest.mark.parametrize(
+    "planner", ["triton", "hopper-nope", "hopper-rope", "hopper-ws", "hopper-wide"]
+)
 def test_plan_covers_every_entry_and_head_exactly_once(heads, tokens, width, planner):
     if planner == "triton":
         plan = plan_launch(tokens, heads, width, sms=132)
@@ -43,7 +45,9 @@ def test_plan_covers_every_entry_and_head_exactly_once(heads, tokens, width, pla
         assert wide_smem_bytes(plan.num_stages) <= HOPPER_SMEM and plan.block_h == WIDE_BLOCK_H
     elif planner == "hopper-ws":
         plan = plan_hopper_ws(tokens, heads, width, sms=132)
-        assert ws_smem_bytes(plan.block_h, plan.num_stages, role_split=plan.role_split) <= HOPPER_SMEM
+        assert (
+            ws_smem_bytes(plan.block_h, plan.num_stages, role_split=plan.role_split) <= HOPPER_SMEM
+        )
         assert plan.block_h <= 32 and plan.role_split == (plan.block_h == 16)
     else:
         rope = planner == "hopper-rope"
@@ -51,7 +55,9 @@ def test_plan_covers_every_entry_and_head_exactly_once(heads, tokens, width, pla
         assert hopper_smem_bytes(plan.block_h, plan.num_stages, rope) <= HOPPER_SMEM
     assert plan.block_h * plan.head_blocks >= heads > plan.block_h * (plan.head_blocks - 1)
     assert plan.entries_per_split % plan.block_n == 0
-    assert (plan.splits - 1) * plan.entries_per_split < width <= plan.splits * plan.entries_per_split
+    assert (
+        (plan.splits - 1) * plan.entries_per_split < width <= plan.splits * plan.entries_per_split
+    )
     assert plan.block_h <= 64 and plan.block_h >= 16
 
 
@@ -71,6 +77,7 @@ def test_single_role_plan_takes_the_most_heads_that_still_fill_the_sms():
     """H200, results/reference/decode-tuning/hopper/few-programs-scan.csv: with few query tokens
     the most heads per program that shared memory holds while (token, head block) programs cut
     into one-block splits still cover the 132 SMs, and no split from half the SMs on."""
+
     def shape(tokens, heads, rope=False):
         plan = plan_hopper(tokens, heads, 2176, rope, sms=132)
         return plan.block_h, plan.splits
@@ -81,7 +88,10 @@ def test_single_role_plan_takes_the_most_heads_that_still_fill_the_sms():
     assert shape(1, 128) == (32, 17)  # 4 programs x 34 one-block splits cover the SMs; 64 would not
     assert shape(1, 64)[0] == 16 and shape(1, 16)[0] == 16  # nothing larger can fill the SMs
     assert shape(64, 64) == (64, 3)  # 64 programs: split
-    assert shape(128, 64) == (64, 1) and shape(64, 128) == (64, 1)  # 128 programs: 0.157 against 0.172 split in 2
+    assert shape(128, 64) == (64, 1) and shape(64, 128) == (
+        64,
+        1,
+    )  # 128 programs: 0.157 against 0.172 split in 2
     assert shape(64, 64, rope=True) == (32, 1)  # 0.134 against 0.143
 
 
@@ -104,7 +114,9 @@ def test_64_head_kernel_is_chosen_where_the_single_role_plan_takes_64_heads():
     where fewer heads per program fill the SMs (1 query token), the single-role plan stays."""
     for tokens, heads in ((512, 64), (512, 128), (64, 64), (8, 64), (8, 128), (128, 100)):
         assert use_hopper_wide(plan_hopper(tokens, heads, 2176, False, 132), 0), (tokens, heads)
-    assert not use_hopper_wide(plan_hopper(1, 64, 2176, False, 132), 0)  # 16 heads per program fill the SMs
+    assert not use_hopper_wide(
+        plan_hopper(1, 64, 2176, False, 132), 0
+    )  # 16 heads per program fill the SMs
     assert not use_hopper_wide(plan_hopper(1, 128, 2176, False, 132), 0)
     assert not use_hopper_wide(plan_hopper(512, 64, 2176, True, 132), 64)  # RoPE rows
     assert not use_hopper_wide(plan_hopper(512, 32, 2176, False, 132), 0)
@@ -147,17 +159,25 @@ def test_64_head_launch_is_what_the_build_compiles(monkeypatch):
     from nopebench.impls.native.adapter import native_decode
 
     plan = plan_hopper_wide(8, 128, 2176, sms=132)
-    (grid, args, kwargs), (combine_grid, _, _) = record_launches(monkeypatch, wide, "hopper_wide_decode_kernel",
-                                                                 128, 8, plan)
+    (grid, args, kwargs), (combine_grid, _, _) = record_launches(
+        monkeypatch, wide, "hopper_wide_decode_kernel", 128, 8, plan
+    )
     assert plan.splits > 1 and combine_grid == (8 * 128,)
     constants, options = wide.launch_constants(plan, 528)
     assert grid == (8 * 2 * plan.splits,) and args[-1] == 8 and kwargs == {**constants, **options}
     assert kwargs["HEAD_BLOCKS"] == 2 and kwargs["BLOCKS"] * plan.block_n == plan.entries_per_split
     with pytest.raises(ValueError, match="NoPE rows only"):
-        native_decode(*decode_inputs(64, 8, 2176, 64, 656, "cpu", rows=4096), SCALE, 64, plan_hopper_wide(8, 64, 2176))
+        native_decode(
+            *decode_inputs(64, 8, 2176, 64, 656, "cpu", rows=4096),
+            SCALE,
+            64,
+            plan_hopper_wide(8, 64, 2176),
+        )
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the kernel itself runs in the GPU tests")
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="on a GPU the kernel itself runs in the GPU tests"
+)
 @pytest.mark.parametrize("case", hopper_build.WIDE_PLAN_CASES)
 def test_64_head_kernel_compiles_for_sm90_within_its_budget(case):
     """Compile-only, no GPU: the 64-head kernel as plan_hopper_wide launches it uses wgmma,
@@ -180,8 +200,11 @@ def test_64_head_kernel_compiles_for_sm90_within_its_budget(case):
 def test_warp_specialised_shared_memory_model_covers_the_compiled_kernels():
     """Shared bytes of the warp-specialised kernel compiled for sm_90 by Triton 3.6 (the H200's)
     and 3.9, in the shapes plan_hopper_ws emits; the model must cover both, tightly."""
-    compiled = {(16, 2, True): (186492, 186492), (32, 3, False): (223656, 223416),
-                (16, 4, False): (219960, 219960)}
+    compiled = {
+        (16, 2, True): (186492, 186492),
+        (32, 3, False): (223656, 223416),
+        (16, 4, False): (219960, 219960),
+    }
     for (block_h, slots, split), sizes in compiled.items():
         plan = plan_hopper_ws(512, block_h, 2176, role_split=None if split else False)
         assert (plan.block_h, plan.num_stages, plan.role_split) == (block_h, slots, split)
@@ -195,7 +218,9 @@ def test_warp_specialised_shared_memory_model_covers_the_compiled_kernels():
         plan_hopper_ws(512, 32, 2176, role_split=True)
 
 
-@pytest.mark.parametrize("tokens, heads", [(1, 16), (8, 16), (8, 32), (100, 16), (512, 16), (512, 32), (512, 64)])
+@pytest.mark.parametrize(
+    "tokens, heads", [(1, 16), (8, 16), (8, 32), (100, 16), (512, 16), (512, 32), (512, 64)]
+)
 def test_warp_specialised_grid_walks_every_work_item_once(tokens, heads):
     """The kernel's 1-D grid: with the role split one persistent program per SM, each taking
     items pid, pid + programs, ...; with one consumer one program per item. The walk uses the
@@ -204,9 +229,15 @@ def test_warp_specialised_grid_walks_every_work_item_once(tokens, heads):
     (programs,) = plan.grid(tokens)
     items = tokens * plan.head_blocks * plan.splits
     assert programs == (min(items, 132) if plan.role_split else items)
-    walked = sorted(pid + it * programs for pid in range(programs) for it in range(-(-(items - pid) // programs)))
+    walked = sorted(
+        pid + it * programs
+        for pid in range(programs)
+        for it in range(-(-(items - pid) // programs))
+    )
     assert walked == list(range(items))
-    other = plan_hopper(tokens, heads, 2176, False, 132)  # the other kernels: (token, head block) x split
+    other = plan_hopper(
+        tokens, heads, 2176, False, 132
+    )  # the other kernels: (token, head block) x split
     assert other.grid(tokens) == (tokens * other.head_blocks, other.splits)
 
 
@@ -219,7 +250,9 @@ def test_warp_specialised_launch_is_what_the_build_compiles(monkeypatch):
     from nopebench.impls.native import hopper_ws_decode as ws
 
     plan = plan_hopper_ws(512, 16, 2176, sms=132)
-    (grid, args, kwargs), = record_launches(monkeypatch, ws, "hopper_ws_decode_kernel", 16, 512, plan)
+    ((grid, args, kwargs),) = record_launches(
+        monkeypatch, ws, "hopper_ws_decode_kernel", 16, 512, plan
+    )
     constants, options = ws.launch_constants(plan, 528)
     assert grid == (132,) and args[-1] == 512 and kwargs == {**constants, **options}
     assert kwargs["ROLE_SPLIT"] and kwargs["BLOCKS"] == 2176 // 64 and kwargs["maxnreg"] == 128
@@ -228,9 +261,16 @@ def test_warp_specialised_launch_is_what_the_build_compiles(monkeypatch):
 def test_hopper_shared_memory_model_covers_the_compiled_kernels():
     """Dynamic shared bytes of the kernels compiled for sm_90 by Triton 3.9 (3.6, on the H200,
     asks 512 more: 232960 for 64 heads with RoPE). The model must cover both, tightly."""
-    compiled = {(16, 2, False, 64): 152320, (16, 3, False, 64): 186368, (64, 2, False, 64): 207872,
-                (16, 2, True, 64): 170752, (64, 2, True, 64): 232448, (16, 1, False, 128): 220160,
-                (16, 1, True, 128): 238592, (32, 2, True, 64): 191488}
+    compiled = {
+        (16, 2, False, 64): 152320,
+        (16, 3, False, 64): 186368,
+        (64, 2, False, 64): 207872,
+        (16, 2, True, 64): 170752,
+        (64, 2, True, 64): 232448,
+        (16, 1, False, 128): 220160,
+        (16, 1, True, 128): 238592,
+        (32, 2, True, 64): 191488,
+    }
     for (block_h, stages, rope, block_n), nbytes in compiled.items():
         assert 0 <= hopper_smem_bytes(block_h, stages, rope, block_n) - (nbytes + 512) <= 256
     assert plan_hopper(512, 64, 2176, True).block_h == 32  # 64 heads with RoPE lanes do not fit
@@ -238,7 +278,9 @@ def test_hopper_shared_memory_model_covers_the_compiled_kernels():
         plan_hopper(512, 64, 2176, True, stages=4)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the kernel itself runs in the GPU tests")
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="on a GPU the kernel itself runs in the GPU tests"
+)
 @pytest.mark.parametrize("case", hopper_build.WS_PLAN_CASES)
 def test_warp_specialised_kernel_compiles_for_sm90_within_its_budget(case):
     """Compile-only, no GPU: the warp-specialised kernel as plan_hopper_ws launches it uses wgmma,
@@ -248,13 +290,17 @@ def test_warp_specialised_kernel_compiles_for_sm90_within_its_budget(case):
     from nopebench.impls.native import hopper_ws_decode as ws
     from nopebench.impls.native.constants import WS_RING_ROWS
 
-    assert WS_RING_ROWS == 4 * ws.PRODUCER_WARPS  # the planner's ring slot is one pass of the producer
+    assert (
+        WS_RING_ROWS == 4 * ws.PRODUCER_WARPS
+    )  # the planner's ring slot is one pass of the producer
     build = hopper_build.compile_ws_shape(*case)
     assert build.kernel == "hopper_ws" and build.has_wgmma
     assert build.problems == [], build.problems
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the kernel itself runs in the GPU tests")
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="on a GPU the kernel itself runs in the GPU tests"
+)
 @pytest.mark.parametrize("shape", hopper_build.PLAN_SHAPES)
 def test_hopper_kernel_compiles_for_sm90_within_its_budget(shape):
     """Compile-only, no GPU: Triton builds the Gluon kernel for sm_90 in each shape the planner
@@ -269,15 +315,32 @@ def test_hopper_kernel_compiles_for_sm90_within_its_budget(shape):
 def test_hopper_build_flags_spills_missing_wgmma_and_shared_memory_overruns():
     ok = hopper_build.KernelBuild(16, 128, 1, False, 1.0, True, 220160, 220672, 173, 0)
     assert ok.problems == []
-    assert hopper_build.KernelBuild(16, 128, 1, False, 1.0, True, 220161, 220672, 173, 0).problems  # over the model
-    assert "16 B spilled" in hopper_build.KernelBuild(64, 64, 2, False, 1.0, True, 207872, 208384, 255, 16).problems
-    assert "no wgmma" in hopper_build.KernelBuild(16, 64, 2, False, 1.0, False, 152320, 153088, 128, 0).problems
+    assert hopper_build.KernelBuild(
+        16, 128, 1, False, 1.0, True, 220161, 220672, 173, 0
+    ).problems  # over the model
+    assert (
+        "16 B spilled"
+        in hopper_build.KernelBuild(64, 64, 2, False, 1.0, True, 207872, 208384, 255, 16).problems
+    )
+    assert (
+        "no wgmma"
+        in hopper_build.KernelBuild(16, 64, 2, False, 1.0, False, 152320, 153088, 128, 0).problems
+    )
     # The warp-specialised kernel's model carries its own margin: compiled bytes up to the model pass.
     ws = dict(kernel="hopper_ws")
-    assert "scorer + accumulator" in hopper_build.KernelBuild(16, 64, 2, False, 1.0, True, 1, 2, 128, 0, kernel="hopper_ws",
-                                                              role_split=True).shape
-    assert hopper_build.KernelBuild(16, 64, 4, False, 1.0, True, 219136, 219136, 168, 0, **ws).problems == []
-    over = hopper_build.KernelBuild(16, 64, 4, False, 1.0, True, 219137, 219136, 168, 0, **ws).problems
+    assert (
+        "scorer + accumulator"
+        in hopper_build.KernelBuild(
+            16, 64, 2, False, 1.0, True, 1, 2, 128, 0, kernel="hopper_ws", role_split=True
+        ).shape
+    )
+    assert (
+        hopper_build.KernelBuild(16, 64, 4, False, 1.0, True, 219136, 219136, 168, 0, **ws).problems
+        == []
+    )
+    over = hopper_build.KernelBuild(
+        16, 64, 4, False, 1.0, True, 219137, 219136, 168, 0, **ws
+    ).problems
     assert over == ["219137 B shared > planned 219136"]
 
 
@@ -307,20 +370,34 @@ INTERPRETER_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the strict GPU grid below runs instead "
-                    "(Triton 3.6's interpreter, on the H200 image, fails on this kernel's loop bounds)")
+@pytest.mark.skipif(
+    torch.cuda.is_available(),
+    reason="on a GPU the strict GPU grid below runs instead "
+    "(Triton 3.6's interpreter, on the H200 image, fails on this kernel's loop bounds)",
+)
 def test_kernel_logic_in_triton_interpreter(tmp_path):
     """Masking, -1 anywhere, empty rows, head padding, split-K and its combine, RoPE lanes and
     the factored variant, all on CPU. The interpreter truncates bf16 conversions (GPU rounds to
     nearest), so outputs are held to 2% of the largest value and LSE to 0.1 here; the strict rule
     runs on a GPU below. Wrong indexing or masking gives errors of order 1."""
-    cases = [[16, 3, 96, 0, 528, None, False], [20, 3, 80, 0, 656, 2, False], [16, 3, 64, 64, 656, 1, False],
-             [16, 3, 96, 0, 528, 3, True], [32, 2, 64, 64, 656, 2, True]]
+    cases = [
+        [16, 3, 96, 0, 528, None, False],
+        [20, 3, 80, 0, 656, 2, False],
+        [16, 3, 64, 64, 656, 1, False],
+        [16, 3, 96, 0, 528, 3, True],
+        [32, 2, 64, 64, 656, 2, True],
+    ]
     script = tmp_path / "interp.py"
     script.write_text(INTERPRETER_SCRIPT)
     env = {**os.environ, "TRITON_DEFAULT_FP_FUSION": "1"}
-    proc = subprocess.run([sys.executable, str(script), json.dumps(cases)], capture_output=True, text=True,
-                          timeout=600, cwd=os.path.dirname(os.path.dirname(__file__)), env=env)
+    proc = subprocess.run(
+        [sys.executable, str(script), json.dumps(cases)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=os.path.dirname(os.path.dirname(__file__)),
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     for case, res in zip(cases, json.loads(proc.stdout.strip().splitlines()[-1]), strict=True):
         assert not res["nan"], case  # poisoned rows are never read
@@ -329,8 +406,13 @@ def test_kernel_logic_in_triton_interpreter(tmp_path):
         assert res["lse_err"] < 0.1, (case, res)
 
 
-GPU_GRID = [(h, t, w, rope, rb) for h in (16, 32, 64, 128) for t in (1, 8, 64) for w in (2048, 2176)
-            for rope, rb in ((0, 528), (0, 656), (64, 656))]
+GPU_GRID = [
+    (h, t, w, rope, rb)
+    for h in (16, 32, 64, 128)
+    for t in (1, 8, 64)
+    for w in (2048, 2176)
+    for rope, rb in ((0, 528), (0, 656), (64, 656))
+]
 
 
 def gpu_plan(kernel: str, tokens: int, heads: int, width: int, rope: int):
@@ -351,17 +433,23 @@ def gpu_plan(kernel: str, tokens: int, heads: int, width: int, rope: int):
     if kernel == "hopper_wide":
         return plan_hopper_wide(tokens, heads, width, sms)
     if kernel.startswith("hopper_ws"):
-        return plan_hopper_ws(tokens, heads, width, sms, role_split=False if kernel == "hopper_ws_one" else None)
+        return plan_hopper_ws(
+            tokens, heads, width, sms, role_split=False if kernel == "hopper_ws_one" else None
+        )
     return plan_hopper(tokens, heads, width, bool(rope), sms)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["triton", "hopper", "hopper_ws", "hopper_ws_one", "hopper_wide"])
+@pytest.mark.parametrize(
+    "kernel", ["triton", "hopper", "hopper_ws", "hopper_ws_one", "hopper_wide"]
+)
 @pytest.mark.parametrize("heads, tokens, width, rope, row_bytes", GPU_GRID)
 def test_native_matches_reference_on_gpu(heads, tokens, width, rope, row_bytes, kernel):
     from nopebench.impls.native.adapter import native_decode
 
-    q, cache, idx = decode_inputs(heads, tokens, width, rope, row_bytes, "cuda", seed=heads * 7 + tokens, rows=4096)
+    q, cache, idx = decode_inputs(
+        heads, tokens, width, rope, row_bytes, "cuda", seed=heads * 7 + tokens, rows=4096
+    )
     plan = gpu_plan(kernel, tokens, heads, width, rope)
     got = native_decode(q, cache, idx, SCALE, rope, plan)  # kernel first, reference second
     got.out.fill_(float("nan"))
@@ -391,8 +479,18 @@ def test_native_meets_the_rule_for_small_and_unit_latents(kernel, scale_format, 
     from nopebench.impls.native.adapter import native_decode
 
     heads, tokens = (64, 64) if kernel == "hopper_wide" else (16, 64)
-    q, cache, idx = decode_inputs(heads, tokens, 2176, 0, 528, "cuda", seed=5, rows=8192, magnitude=magnitude,
-                                  scale_format=scale_format)
+    q, cache, idx = decode_inputs(
+        heads,
+        tokens,
+        2176,
+        0,
+        528,
+        "cuda",
+        seed=5,
+        rows=8192,
+        magnitude=magnitude,
+        scale_format=scale_format,
+    )
     got = native_decode(q, cache, idx, SCALE, 0, gpu_plan(kernel, tokens, heads, 2176, 0))
     ref, _ = sparse_decode_reference(q, cache, idx, SCALE, 0)
     cmp = close(got.out, ref)
@@ -419,13 +517,15 @@ def test_native_handles_rows_that_end_in_minus_one_padding(kernel, tokens):
     heads = 64 if kernel == "hopper_wide" else 16
     q, cache, idx = decode_inputs(heads, tokens, 2176, 0, 528, "cuda", seed=11, rows=4096)
     for t in range(tokens):
-        idx[t, TAIL_COUNTS[t % len(TAIL_COUNTS)]:] = -1
+        idx[t, TAIL_COUNTS[t % len(TAIL_COUNTS)] :] = -1
     got = native_decode(q, cache, idx, SCALE, 0, gpu_plan(kernel, tokens, heads, 2176, 0))
     assert_matches_reference(got, q, cache, idx, 0)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["triton", "hopper", "hopper_ws", "hopper_ws_one", "hopper_wide"])
+@pytest.mark.parametrize(
+    "kernel", ["triton", "hopper", "hopper_ws", "hopper_ws_one", "hopper_wide"]
+)
 def test_native_replays_in_a_cuda_graph(kernel):
     from nopebench.impls.native.adapter import DecodeBuffers, native_decode
 

@@ -42,20 +42,28 @@ def test_command_passes_and_records_everything(tmp_path, capsys):
         assert "passed" in graph
     else:
         assert graph == {"skipped"}
-    assert [r["result"] for r in by_check["padding-bounds-active"] if r["impl"] == "reference"] == ["passed"]
+    assert [r["result"] for r in by_check["padding-bounds-active"] if r["impl"] == "reference"] == [
+        "passed"
+    ]
     validation = by_check["flashinfer-sm120-validation"]
     assert {(r["layout"], r["sizing"], r["sparse_mla_top_k"]) for r in validation} == {
-        ("GLM53_NOPE", "fixed", 2176), ("GLM53_NOPE", "pre-fix", 2048),
-        ("GLM_NSA shim", "fixed", 2176), ("GLM_NSA shim", "pre-fix", 2048)}
+        ("GLM53_NOPE", "fixed", 2176),
+        ("GLM53_NOPE", "pre-fix", 2048),
+        ("GLM_NSA shim", "fixed", 2176),
+        ("GLM_NSA shim", "pre-fix", 2048),
+    }
     prefix = [r for r in validation if r["sizing"] == "pre-fix"]
-    assert all("expects sparse block_tables shape (512, 1, 2048), got (512, 1, 2176)" in r["detail"] for r in prefix)
+    assert all(
+        "expects sparse block_tables shape (512, 1, 2048), got (512, 1, 2176)" in r["detail"]
+        for r in prefix
+    )
     assert all(r["run_id"] == run.name for r in rows)
     widths = pd.read_csv(run / "widths.csv")
     assert len(widths) == 9 and set(widths["width"]) == {512, 640, 1024, 1152, 2048, 2176}
     payload = json.loads((run / "checks.json").read_text())
     assert payload["summary"]["failed"] == 0 and payload["summary"]["topk_width"] == 2176
     printed = capsys.readouterr().out
-    assert json.loads(printed[printed.index("[\n"):])[0]["check"] == "buffer-width"
+    assert json.loads(printed[printed.index("[\n") :])[0]["check"] == "buffer-width"
 
 
 def test_command_fails_when_the_backend_sizes_by_index_topk(tmp_path, monkeypatch):
@@ -66,7 +74,10 @@ def test_command_fails_when_the_backend_sizes_by_index_topk(tmp_path, monkeypatc
         return metadata.PageTableSizing("fixed", width, GLM53.index_topk, GLM53.index_topk)
 
     monkeypatch.setattr(metadata, "sizing_from_buffer", pre_fix)
-    assert check_pagetable.execute(CheckPagetableOptions("glm53-flash", 0, Output(tmp_path, False))) == EXIT_CHECK_FAILED
+    assert (
+        check_pagetable.execute(CheckPagetableOptions("glm53-flash", 0, Output(tmp_path, False)))
+        == EXIT_CHECK_FAILED
+    )
     rows = pd.read_csv(only_run_dir(tmp_path) / "checks.csv")
     failed = set(rows[rows["result"] == "failed"]["check"])
     assert {"sizing", "flashinfer-sm120-validation"} <= failed
@@ -79,7 +90,10 @@ def test_bad_model_is_a_usage_error(tmp_path):
 
 
 def test_dsv32_model_passes_too(tmp_path):
-    assert check_pagetable.execute(CheckPagetableOptions("dsv32", 0, Output(tmp_path, False))) == EXIT_OK
+    assert (
+        check_pagetable.execute(CheckPagetableOptions("dsv32", 0, Output(tmp_path, False)))
+        == EXIT_OK
+    )
 
 
 # --- the problem builder and the padding checks --------------------------------------------------
@@ -99,7 +113,9 @@ def test_built_problem_has_the_widened_layout():
     poison_first = (problem.cache.shape[0] - 1) * case.block_size
     valid = problem.indices[problem.indices >= 0]
     assert int(valid.max()) < poison_first  # nothing names the poisoned block
-    assert all(len(set(r[r >= 0].tolist())) == int(c) for r, c in zip(problem.indices, counts, strict=True))
+    assert all(
+        len(set(r[r >= 0].tolist())) == int(c) for r, c in zip(problem.indices, counts, strict=True)
+    )
 
 
 def test_compact_and_shuffled_keep_each_rows_entries():
@@ -116,7 +132,9 @@ def _impl(name, transform):
     def prepare(problem):
         def run():
             indices = transform(problem.indices)
-            out, lse = sparse_decode_reference(problem.q, problem.cache, indices, problem.softmax_scale, problem.rope_dim)
+            out, lse = sparse_decode_reference(
+                problem.q, problem.cache, indices, problem.softmax_scale, problem.rope_dim
+            )
             return DecodeOutput(out, lse)
 
         return run
@@ -128,7 +146,9 @@ def _impl(name, transform):
 def test_padding_checks_catch_kernels_with_the_bugs_they_target(bug):
     transforms = {
         # reads only the first index_topk columns: the pre-fix capacity
-        "capacity-index-topk": lambda idx: torch.where(torch.arange(idx.shape[1]) < GLM53.index_topk, idx, -1).to(idx.dtype),
+        "capacity-index-topk": lambda idx: torch.where(
+            torch.arange(idx.shape[1]) < GLM53.index_topk, idx, -1
+        ).to(idx.dtype),
         # treats -1 as slot 0 instead of skipping it
         "minus-one-reads-slot-0": lambda idx: idx.clamp_min(0),
     }
@@ -144,7 +164,9 @@ def test_padding_checks_catch_kernels_with_the_bugs_they_target(bug):
 
 def test_a_check_that_raises_is_a_failed_row():
     def boom():
-        raise ValueError("SM120 sparse MLA v32/GLM expects sparse block_tables shape (4, 1, 2048), got (4, 1, 2176)")
+        raise ValueError(
+            "SM120 sparse MLA v32/GLM expects sparse block_tables shape (4, 1, 2048), got (4, 1, 2176)"
+        )
 
     (r,) = pagetable.guarded("x", "impl", boom)
     assert r["result"] == "failed" and "page-table capacity fix" in r["detail"]

@@ -58,22 +58,52 @@ def test_latest_run_is_the_newest_finished_one(tmp_path):
     assert latest_run("k", tmp_path) == runs[-1]
     unfinished.finish("failed")
     assert latest_run("k", tmp_path) == unfinished.path
-    assert sorted(p.name for p in (tmp_path / "k").iterdir()) == [p.name for p in [*runs, unfinished.path]]
+    assert sorted(p.name for p in (tmp_path / "k").iterdir()) == [
+        p.name for p in [*runs, unfinished.path]
+    ]
 
 
 def test_json_has_no_nan_literals(tmp_path):
     data = {
-        "nan": math.nan, "inf": math.inf, "ninf": -math.inf, "ok": 0.1,
-        "np": np.float32("nan"), "np64": np.float64(2.5), "npint": np.int64(7), "npbool": np.bool_(True),
-        "nested": [1.0, (math.nan, {"deep": math.inf})], "path": Path("/a/b"), 3: "int key",
-        "array": np.array([1.0, np.nan]), "tensor": torch.tensor([0.5, float("inf")]), "scalar_tensor": torch.tensor(2.0),
+        "nan": math.nan,
+        "inf": math.inf,
+        "ninf": -math.inf,
+        "ok": 0.1,
+        "np": np.float32("nan"),
+        "np64": np.float64(2.5),
+        "npint": np.int64(7),
+        "npbool": np.bool_(True),
+        "nested": [1.0, (math.nan, {"deep": math.inf})],
+        "path": Path("/a/b"),
+        3: "int key",
+        "array": np.array([1.0, np.nan]),
+        "tensor": torch.tensor([0.5, float("inf")]),
+        "scalar_tensor": torch.tensor(2.0),
     }
     path = write_json(tmp_path / "x.json", data)
     loaded = strict_load(path)
-    assert loaded["nan"] == "nan" and loaded["inf"] == "inf" and loaded["ninf"] == "-inf" and loaded["ok"] == 0.1
-    assert loaded["np"] == "nan" and loaded["np64"] == 2.5 and loaded["npint"] == 7 and loaded["npbool"] is True
-    assert loaded["nested"] == [1.0, ["nan", {"deep": "inf"}]] and loaded["path"] == "/a/b" and loaded["3"] == "int key"
-    assert loaded["array"] == [1.0, "nan"] and loaded["tensor"] == [0.5, "inf"] and loaded["scalar_tensor"] == 2.0
+    assert (
+        loaded["nan"] == "nan"
+        and loaded["inf"] == "inf"
+        and loaded["ninf"] == "-inf"
+        and loaded["ok"] == 0.1
+    )
+    assert (
+        loaded["np"] == "nan"
+        and loaded["np64"] == 2.5
+        and loaded["npint"] == 7
+        and loaded["npbool"] is True
+    )
+    assert (
+        loaded["nested"] == [1.0, ["nan", {"deep": "inf"}]]
+        and loaded["path"] == "/a/b"
+        and loaded["3"] == "int key"
+    )
+    assert (
+        loaded["array"] == [1.0, "nan"]
+        and loaded["tensor"] == [0.5, "inf"]
+        and loaded["scalar_tensor"] == 2.0
+    )
 
 
 def test_csv_is_full_precision(tmp_path):
@@ -86,7 +116,9 @@ def test_csv_is_full_precision(tmp_path):
 
 
 def test_csv_missing_values(tmp_path):
-    back = pd.read_csv(write_csv(tmp_path / "x.csv", [{"worst": None}, {"worst": math.nan}, {"worst": 1.0}]))
+    back = pd.read_csv(
+        write_csv(tmp_path / "x.csv", [{"worst": None}, {"worst": math.nan}, {"worst": 1.0}])
+    )
     assert back["worst"].isna().tolist() == [True, True, False]
 
 

@@ -53,7 +53,9 @@ def latents(draw, max_tokens: int = 5) -> torch.Tensor:
             tile = (base.clamp(-1, 1) * amax).clamp(-amax, amax)
             tile[draw(st.integers(0, g.TILE - 1))] = amax * draw(st.sampled_from([1.0, -1.0]))
         else:
-            vals = draw(st.lists(st.floats(-BF16_MAX, BF16_MAX, width=32), min_size=1, max_size=g.TILE))
+            vals = draw(
+                st.lists(st.floats(-BF16_MAX, BF16_MAX, width=32), min_size=1, max_size=g.TILE)
+            )
             tile = torch.zeros(g.TILE, dtype=torch.float64)
             tile[: len(vals)] = torch.tensor(vals, dtype=torch.float64)
         tiles.append(tile)
@@ -68,16 +70,24 @@ def write_problems(draw):
     kv_c = draw(latents())
     t = kv_c.shape[0]
     rope = draw(st.sampled_from([0, 64]))
-    row_bytes = g.FULL_ROW_BYTES if rope else draw(st.sampled_from([g.FULL_ROW_BYTES, g.NOPE_ROW_BYTES]))
+    row_bytes = (
+        g.FULL_ROW_BYTES if rope else draw(st.sampled_from([g.FULL_ROW_BYTES, g.NOPE_ROW_BYTES]))
+    )
     block_size = draw(st.sampled_from([16, 32, 64]))
     num_blocks = draw(st.integers(1, 3))
     capacity = num_blocks * block_size
     slots = draw(st.lists(st.integers(0, capacity - 1), min_size=t, max_size=t, unique=True))
     skip = draw(st.lists(st.booleans(), min_size=t, max_size=t))
-    slot_mapping = torch.tensor([-1 if s else v for s, v in zip(skip, slots, strict=True)], dtype=draw(st.sampled_from([torch.int32, torch.int64])))
+    slot_mapping = torch.tensor(
+        [-1 if s else v for s, v in zip(skip, slots, strict=True)],
+        dtype=draw(st.sampled_from([torch.int32, torch.int64])),
+    )
     k_pe = None
     if rope:
-        k_pe = (torch.randn(t, rope, generator=torch.Generator().manual_seed(t)) * 10.0 ** draw(st.integers(-30, 30))).to(torch.bfloat16)
+        k_pe = (
+            torch.randn(t, rope, generator=torch.Generator().manual_seed(t))
+            * 10.0 ** draw(st.integers(-30, 30))
+        ).to(torch.bfloat16)
     elif draw(st.booleans()):
         k_pe = torch.empty(t, 0, dtype=torch.bfloat16)  # NoPE passed as [T, 0], as vLLM does
     fmt = draw(st.sampled_from(rowformat.SCALE_FORMATS))
@@ -123,7 +133,9 @@ def test_write_then_dequantize_within_e4m3_bound(problem):
     # The stored scales are the ones the spec defines; the rows are exactly pack_rows'.
     stored = rows[:, g.SCALE_OFFSET : g.ROPE_OFFSET].contiguous().view(torch.float32)
     assert torch.equal(stored, scales)
-    assert torch.equal(rows, rowformat.pack_rows(x, None if k_pe is None else k_pe[keep], fmt, row_bytes))
+    assert torch.equal(
+        rows, rowformat.pack_rows(x, None if k_pe is None else k_pe[keep], fmt, row_bytes)
+    )
 
     # Tails: RoPE bit-exact, NoPE zero in 656-byte rows.
     if row_bytes == g.FULL_ROW_BYTES:
@@ -165,7 +177,10 @@ def test_quantize_is_a_true_divide(j):
     assert x.double()[0, 1].item() == 1.5625 * scale
     rows = rowformat.pack_rows(x, None, "arbitrary_fp32", g.NOPE_ROW_BYTES)
     assert rows[0, 512:516].view(torch.float32).item() == scale
-    assert rowformat.dequantize_rows(rows)[0][0, 1:3].double().tolist() == [1.5 * scale, -1.75 * scale]
+    assert rowformat.dequantize_rows(rows)[0][0, 1:3].double().tolist() == [
+        1.5 * scale,
+        -1.75 * scale,
+    ]
 
 
 @PROPERTY
@@ -229,7 +244,7 @@ def test_pow2_scale_just_above_a_power_of_two(j):
     for amax, dtype, expected in [
         (exact, torch.bfloat16, 2.0**j),
         (exact * 450 / 448, torch.bfloat16, 2.0 ** (j + 1)),  # the next bf16 above
-            (exact * 446 / 448, torch.bfloat16, 2.0**j),
+        (exact * 446 / 448, torch.bfloat16, 2.0**j),
         (exact * (1 + 2**-20), torch.float32, 2.0 ** (j + 1)),
         (exact * (1 - 2**-21), torch.float32, 2.0**j),
     ]:
@@ -249,7 +264,9 @@ def test_scale_of_all_zero_tiles():
     assert bool((rowformat.tile_scales(x, "arbitrary_fp32") == rowformat.FLT_MIN).all())
     assert bool((rowformat.tile_scales(x, "pow2_fp32") == 2.0**-13).all())
     rows = rowformat.pack_rows(x, None, "arbitrary_fp32", 528)
-    assert rows[0, :512].tolist() == [0] * 512 and rows[1, :512].tolist() == [0x80] * 512  # +-0 kept
+    assert (
+        rows[0, :512].tolist() == [0] * 512 and rows[1, :512].tolist() == [0x80] * 512
+    )  # +-0 kept
     deq, _ = rowformat.dequantize_rows(rows)
     assert torch.equal(deq.view(torch.int16), x.view(torch.int16))
 
@@ -284,7 +301,9 @@ def slow_plan(block_table, workspace_starts, total_rows, block_size, seq_starts)
 def gather_problems(draw):
     block_size = draw(st.sampled_from([16, 32, 64]))
     rope = draw(st.sampled_from([0, 64]))
-    row_bytes = g.FULL_ROW_BYTES if rope else draw(st.sampled_from([g.FULL_ROW_BYTES, g.NOPE_ROW_BYTES]))
+    row_bytes = (
+        g.FULL_ROW_BYTES if rope else draw(st.sampled_from([g.FULL_ROW_BYTES, g.NOPE_ROW_BYTES]))
+    )
     lengths = draw(st.lists(st.integers(0, 3 * block_size), min_size=1, max_size=4))
     starts = [draw(st.integers(0, 2 * block_size)) for _ in lengths]
     need = [-(-(s + n) // block_size) for s, n in zip(starts, lengths, strict=True)]
@@ -298,7 +317,17 @@ def gather_problems(draw):
     ws = [0, *np.cumsum(lengths)[:-1].tolist()]
     with_starts = draw(st.booleans())
     seed = draw(st.integers(0, 2**31 - 1))
-    return block_size, rope, row_bytes, table, ws, int(sum(lengths)), starts if with_starts else None, num_blocks, seed
+    return (
+        block_size,
+        rope,
+        row_bytes,
+        table,
+        ws,
+        int(sum(lengths)),
+        starts if with_starts else None,
+        num_blocks,
+        seed,
+    )
 
 
 @PROPERTY
@@ -307,7 +336,9 @@ def test_gather_matches_slow_loop_and_dequantize(problem):
     block_size, rope, row_bytes, table, ws, total, starts, num_blocks, seed = problem
     gen = torch.Generator().manual_seed(seed)
     # Random bytes: NaN codes and NaN/inf scales included; the gather must copy them faithfully.
-    cache = torch.randint(0, 256, (num_blocks, block_size, row_bytes), generator=gen, dtype=torch.uint8)
+    cache = torch.randint(
+        0, 256, (num_blocks, block_size, row_bytes), generator=gen, dtype=torch.uint8
+    )
     before = cache.clone()
     bt = torch.tensor(table, dtype=torch.int32)
     wst = torch.tensor(ws, dtype=torch.int32)
@@ -329,9 +360,13 @@ def test_gather_matches_slow_loop_and_dequantize(problem):
 
 def test_gather_with_no_rows():
     cache = sentinel_cache(2, 16, 528)
-    out = rowformat.gather_upconvert(cache, torch.zeros(1, 1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32), 0, 0)
+    out = rowformat.gather_upconvert(
+        cache, torch.zeros(1, 1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32), 0, 0
+    )
     assert out.shape == (0, 576)
-    none = rowformat.gather_upconvert(cache, torch.zeros(0, 1, dtype=torch.int32), torch.zeros(0, dtype=torch.int32), 0, 0)
+    none = rowformat.gather_upconvert(
+        cache, torch.zeros(0, 1, dtype=torch.int32), torch.zeros(0, dtype=torch.int32), 0, 0
+    )
     assert none.shape == (0, 576)
 
 
@@ -429,7 +464,10 @@ BAD_GATHERS = {
     "seq_starts wrong shape": {"seq_starts": torch.tensor([0], dtype=torch.int32)},
     "seq_starts negative": {"seq_starts": torch.tensor([0, -1], dtype=torch.int32)},
     "total_rows negative": {"total_rows": -1},
-    "rows with no requests": {"block_table": torch.zeros(0, 2, dtype=torch.int32), "workspace_starts": torch.zeros(0, dtype=torch.int32)},
+    "rows with no requests": {
+        "block_table": torch.zeros(0, 2, dtype=torch.int32),
+        "workspace_starts": torch.zeros(0, dtype=torch.int32),
+    },
     "position past block_table": {"total_rows": 40},
     "block id out of range": {"block_table": torch.tensor([[0, 3], [2, -1]], dtype=torch.int32)},
     "block id -1 read": {"seq_starts": torch.tensor([0, 8], dtype=torch.int32)},
@@ -457,7 +495,14 @@ def test_read_slots_rejects_out_of_range(slots):
         rowformat.read_slots(sentinel_cache(3, 16, 528), torch.tensor(slots))
 
 
-@pytest.mark.parametrize("rows", [torch.zeros(2, 600, dtype=torch.uint8), torch.zeros(2, 656, dtype=torch.int8), torch.zeros(656, dtype=torch.uint8)])
+@pytest.mark.parametrize(
+    "rows",
+    [
+        torch.zeros(2, 600, dtype=torch.uint8),
+        torch.zeros(2, 656, dtype=torch.int8),
+        torch.zeros(656, dtype=torch.uint8),
+    ],
+)
 def test_dequantize_rejects_bad_rows(rows):
     with pytest.raises(ValueError):
         rowformat.dequantize_rows(rows)

@@ -25,9 +25,14 @@ from nopebench.commands.options import (
     VerifyLayoutOptions,
 )
 
-STEPS = {build: BuildOptions, verify_layout: VerifyLayoutOptions,
-         check_pagetable: CheckPagetableOptions, bench_decode: BenchDecodeOptions,
-         bench_cache: BenchCacheOptions, gsm8k: Gsm8kOptions}
+STEPS = {
+    build: BuildOptions,
+    verify_layout: VerifyLayoutOptions,
+    check_pagetable: CheckPagetableOptions,
+    bench_decode: BenchDecodeOptions,
+    bench_cache: BenchCacheOptions,
+    gsm8k: Gsm8kOptions,
+}
 
 
 @pytest.fixture
@@ -35,10 +40,12 @@ def recorded(monkeypatch):
     """Every step 'runs' (no GPU needed) and records the options it was given."""
     seen: dict[type, object] = {}
     for module, kind in STEPS.items():
+
         def execute(opts, kind=kind):
             assert isinstance(opts, kind)
             seen[kind] = opts
             return 0
+
         monkeypatch.setattr(module, "execute", execute)
     monkeypatch.setattr(run_command, "_no_gpu", lambda: None)
     monkeypatch.setattr(run_command, "_no_gpu_or_nvcc", lambda: None)
@@ -47,8 +54,9 @@ def recorded(monkeypatch):
 
 
 def test_run_passes_model_and_gsm8k_config_to_every_step(recorded, tmp_path):
-    result = CliRunner().invoke(app, ["run", "--model", "dsv32", "--gsm8k", "my-gsm8k.yaml",
-                                      "--results-dir", str(tmp_path)])
+    result = CliRunner().invoke(
+        app, ["run", "--model", "dsv32", "--gsm8k", "my-gsm8k.yaml", "--results-dir", str(tmp_path)]
+    )
     assert result.exit_code == 0, result.output
     assert set(recorded) == set(STEPS.values())  # every step ran
     for kind in (VerifyLayoutOptions, CheckPagetableOptions, BenchDecodeOptions):

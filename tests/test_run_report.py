@@ -31,7 +31,10 @@ def test_main_job_runs_cpu_checks_and_skips_gpu_steps_with_reasons(main_run):
     header = read_run(run_dir)
     assert header["status"] == "passed"
     steps = {s["step"]: s for s in header["summary"]["steps"]}
-    assert steps["verify-layout"]["status"] == "passed" and steps["check-pagetable"]["status"] == "passed"
+    assert (
+        steps["verify-layout"]["status"] == "passed"
+        and steps["check-pagetable"]["status"] == "passed"
+    )
     for name in ("build", "bench-decode --quick", "bench-cache --quick"):
         assert steps[name]["status"] == "skipped" and "GPU" in steps[name]["detail"]
     assert "report:" in result.output and (run_dir / "report" / "report.md").is_file()
@@ -44,8 +47,14 @@ def test_report_numbers_come_from_the_runs_it_names(main_run):
     layout_dir = next((run_dir / "verify-layout").iterdir())
     checks = pd.read_csv(layout_dir / "checks.csv")
     assert str(layout_dir) in text
-    assert f"| reference | scales exact | 1 | {int(checks[checks.check == 'scales exact'].rows.sum())} | pass |" in text
-    assert "![page-table widths](pagetable_widths.png)" in text and (run_dir / "report" / "pagetable_widths.png").is_file()
+    assert (
+        f"| reference | scales exact | 1 | {int(checks[checks.check == 'scales exact'].rows.sum())} | pass |"
+        in text
+    )
+    assert (
+        "![page-table widths](pagetable_widths.png)" in text
+        and (run_dir / "report" / "pagetable_widths.png").is_file()
+    )
 
 
 def test_report_command_default_picks_latest_main_job_and_never_overwrites(main_run, tmp_path):
@@ -53,7 +62,10 @@ def test_report_command_default_picks_latest_main_job_and_never_overwrites(main_
     result = runner.invoke(app, ["report", "--results-dir", str(root)])
     assert result.exit_code == 0, result.output
     out = tmp_path / "rep"
-    assert runner.invoke(app, ["report", "--results-dir", str(root), "--output", str(out)]).exit_code == 0
+    assert (
+        runner.invoke(app, ["report", "--results-dir", str(root), "--output", str(out)]).exit_code
+        == 0
+    )
     again = runner.invoke(app, ["report", "--results-dir", str(root), "--output", str(out)])
     assert again.exit_code == 2 and "never overwrite" in again.output
 
@@ -68,7 +80,9 @@ def test_report_bad_input_is_one_line(tmp_path):
 def test_run_with_a_bad_model_config_writes_nothing(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("version: 1\nname: x\n")
-    result = runner.invoke(app, ["run", "--model", str(bad), "--results-dir", str(tmp_path / "res")])
+    result = runner.invoke(
+        app, ["run", "--model", str(bad), "--results-dir", str(tmp_path / "res")]
+    )
     assert result.exit_code == 2 and "missing required key" in result.output
     assert not (tmp_path / "res").exists()
 
@@ -76,10 +90,28 @@ def test_run_with_a_bad_model_config_writes_nothing(tmp_path):
 def _fake_decode_run(root):
     run = RunDir.create("bench-decode", root)
     rows = []
-    for impl, mode, ms in [("native", "nope", 0.5), ("flashinfer-fa3-bf16", "nope", 0.3), ("native", "shim", 0.6)]:
-        rows.append({"case": f"h16-t512-w2176a2051-{mode}", "impl": impl, "mode": mode, "heads": 16, "query_tokens": 512,
-                     "width": 2176, "active": 2051, "median_ms": ms, "spread": 0.01, "pct_roofline": 30.0,
-                     "error": None, "skipped": None, "passed": True})
+    for impl, mode, ms in [
+        ("native", "nope", 0.5),
+        ("flashinfer-fa3-bf16", "nope", 0.3),
+        ("native", "shim", 0.6),
+    ]:
+        rows.append(
+            {
+                "case": f"h16-t512-w2176a2051-{mode}",
+                "impl": impl,
+                "mode": mode,
+                "heads": 16,
+                "query_tokens": 512,
+                "width": 2176,
+                "active": 2051,
+                "median_ms": ms,
+                "spread": 0.01,
+                "pct_roofline": 30.0,
+                "error": None,
+                "skipped": None,
+                "passed": True,
+            }
+        )
     write_csv(run.file("results.csv"), rows)
     run.finish("passed", {"ceilings": {"copy_gbps": 4000.0, "matmul_tflops": 700.0}})
     return run.path
@@ -92,7 +124,10 @@ def test_report_renders_decode_tables_criteria_and_plots(tmp_path):
     assert "| case | native | flashinfer-fa3-bf16 |" in text
     assert "| h16-t512-w2176a2051-nope | 0.5000 (30%) | 0.3000 (30%) |" in text
     assert "1.200x" in text  # shim 0.6 / NoPE 0.5
-    assert "H=16: native NoPE at least as fast as fa3 bf16 NoPE (fa3 / native) | 0.6 | ±2.0% | >= 1.00 | **FAIL** |" in text
+    assert (
+        "H=16: native NoPE at least as fast as fa3 bf16 NoPE (fa3 / native) | 0.6 | ±2.0% | >= 1.00 | **FAIL** |"
+        in text
+    )
     assert (tmp_path / "rep" / "decode_latency.png").is_file()
 
 

@@ -48,7 +48,9 @@ def random_case(gen, tokens, width, requests, max_blocks, block_size, num_blocks
     logical = torch.randint(-3, span, (tokens, width), generator=gen, dtype=torch.int32)
     if tokens:
         logical[0] = -1  # an empty row
-    table = torch.randint(-2, num_blocks + 3, (requests, max_blocks), generator=gen, dtype=torch.int32)
+    table = torch.randint(
+        -2, num_blocks + 3, (requests, max_blocks), generator=gen, dtype=torch.int32
+    )
     req = torch.randint(0, requests, (tokens,), generator=gen, dtype=torch.int32)
     return logical, table, req
 
@@ -58,13 +60,22 @@ def random_case(gen, tokens, width, requests, max_blocks, block_size, num_blocks
 
 @settings(max_examples=200, deadline=None)
 @given(
-    tokens=st.integers(0, 6), width=st.integers(0, 40), requests=st.integers(1, 3), max_blocks=st.integers(0, 5),
-    block_size=st.sampled_from([1, 2, 4, 16, 64]), num_blocks=st.integers(1, 8), bound=st.booleans(),
+    tokens=st.integers(0, 6),
+    width=st.integers(0, 40),
+    requests=st.integers(1, 3),
+    max_blocks=st.integers(0, 5),
+    block_size=st.sampled_from([1, 2, 4, 16, 64]),
+    num_blocks=st.integers(1, 8),
+    bound=st.booleans(),
     seed=st.integers(0, 2**31 - 1),
 )
-def test_logical_to_physical_matches_loop(tokens, width, requests, max_blocks, block_size, num_blocks, bound, seed):
+def test_logical_to_physical_matches_loop(
+    tokens, width, requests, max_blocks, block_size, num_blocks, bound, seed
+):
     gen = torch.Generator().manual_seed(seed)
-    logical, table, req = random_case(gen, tokens, width, requests, max_blocks, block_size, num_blocks)
+    logical, table, req = random_case(
+        gen, tokens, width, requests, max_blocks, block_size, num_blocks
+    )
     nb = num_blocks if bound else None
     got = md.logical_to_physical(logical, table, req, block_size, nb)
     assert got.dtype == torch.int32 and got.shape == logical.shape
@@ -81,7 +92,9 @@ def test_logical_to_physical_large_random_int64_inputs():
 def test_logical_to_physical_edges_explicitly():
     table = torch.tensor([[3, -1, 7]], dtype=torch.int32)
     logical = torch.tensor([[0, 5, 64, 65, 128, 192, 500, -1, -7]], dtype=torch.int32)
-    got = md.logical_to_physical(logical, table, torch.zeros(1, dtype=torch.int32), 64, num_blocks=5)
+    got = md.logical_to_physical(
+        logical, table, torch.zeros(1, dtype=torch.int32), 64, num_blocks=5
+    )
     # block 0 -> 3; block 1 is -1; block 2 -> 7 is past num_blocks=5; block 3 is past the table
     assert got.tolist() == [[192, 197, -1, -1, -1, -1, -1, -1, -1]]
 
@@ -115,7 +128,9 @@ def test_counts_compaction_and_csr_match_loops(tokens, width, seed):
     assert csr.kv_len.tolist() == lens
     assert csr.kv_indptr.tolist() == [sum(lens[:k]) for k in range(tokens + 1)]
     assert csr.kv_indices.tolist() == [i for r in rows for i in r if i >= 0]
-    assert all(t.dtype == torch.int32 for t in (csr.qo_indptr, csr.kv_indptr, csr.kv_indices, csr.kv_len))
+    assert all(
+        t.dtype == torch.int32 for t in (csr.qo_indptr, csr.kv_indptr, csr.kv_indices, csr.kv_len)
+    )
 
 
 def test_all_rows_empty():
@@ -141,7 +156,11 @@ def test_fixed_sizing_is_the_buffer_width(model):
 def test_glm53_flash_numbers():
     cfg = load_model_config("glm53-flash")
     assert (cfg.max_active, cfg.topk_width) == (2051, 2176)
-    assert md.prefix_sizing(cfg.index_topk, cfg.topk_width).block_tables_shape(512) == (512, 1, 2048)
+    assert md.prefix_sizing(cfg.index_topk, cfg.topk_width).block_tables_shape(512) == (
+        512,
+        1,
+        2048,
+    )
 
 
 @pytest.mark.parametrize("topk", [512, 1024, 2048])

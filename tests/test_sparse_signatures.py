@@ -6,7 +6,9 @@ import pytest
 
 from nopebench import signatures
 
-SM120_TEXT = "SM120 sparse MLA v32/GLM expects sparse block_tables shape (512, 1, 2048), got (512, 1, 2176)"
+SM120_TEXT = (
+    "SM120 sparse MLA v32/GLM expects sparse block_tables shape (512, 1, 2048), got (512, 1, 2176)"
+)
 TRTLLM_TEXT = "Expected page_table.shape == (512, 1, 2048), got torch.Size([512, 1, 2176])"
 PE_DIM_TEXT = "pe_dim must be 64 for fp8_ds_mla"
 
@@ -28,11 +30,20 @@ def test_cache_write_error_names_the_cache_write_fix():
 
 
 def test_found_inside_a_server_log_line():
-    log = f"(EngineCore pid=812) ERROR 11-30 12:01:02 [core.py:710] ValueError: {SM120_TEXT}\n  more"
+    log = (
+        f"(EngineCore pid=812) ERROR 11-30 12:01:02 [core.py:710] ValueError: {SM120_TEXT}\n  more"
+    )
     assert signatures.match(log).name == "sparse-block-tables-width"
 
 
-@pytest.mark.parametrize("text", ["", "device must be a cuda device", "Expected head dim 576 for query and kv_cache, got 512 and 576"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "device must be a cuda device",
+        "Expected head dim 576 for query and kv_cache, got 512 and 576",
+    ],
+)
 def test_unrelated_text_is_not_explained(text):
     assert signatures.match(text) is None and signatures.explain(text) is None
 

@@ -8,7 +8,9 @@ from nopebench.checks import flashinfer_validation as fv
 from nopebench.config import load_model_config
 from nopebench.impls import metadata as md
 
-UPSTREAM = "SM120 sparse MLA v32/GLM expects sparse block_tables shape (512, 1, 2048), got (512, 1, 2176)"
+UPSTREAM = (
+    "SM120 sparse MLA v32/GLM expects sparse block_tables shape (512, 1, 2048), got (512, 1, 2176)"
+)
 GLM53 = load_model_config("glm53-flash")
 NOPE = fv.Layout("GLM53_NOPE", 0, "arbitrary_fp32")
 PREFIX = md.prefix_sizing(GLM53.index_topk, GLM53.topk_width)
@@ -52,7 +54,10 @@ def test_dsv32_both_sizings_are_the_same_and_accepted():
     cfg = load_model_config("dsv32")
     (layout,) = fv.layouts_for(cfg)
     assert layout.name == "DSV3_2"
-    for sizing in (md.prefix_sizing(cfg.index_topk, cfg.topk_width), md.sizing_from_buffer(cfg.topk_width)):
+    for sizing in (
+        md.prefix_sizing(cfg.index_topk, cfg.topk_width),
+        md.sizing_from_buffer(cfg.topk_width),
+    ):
         verdict = fv.validate_sizing(layout, cfg.heads_per_gpu, sizing, expect_accept=True)
         assert verdict.passed and verdict.expected == "accepted", verdict.detail
 
@@ -67,7 +72,10 @@ def test_device_error_elsewhere_is_not_mistaken_for_acceptance():
 def test_missing_private_validator_is_skipped_not_a_crash(monkeypatch):
     monkeypatch.setattr(fv, "PRIVATE_VALIDATOR", "_trtllm_batch_decode_sparse_mla_v99_removed")
     outcome = fv.call_private(NOPE, 16, FIXED)
-    assert outcome.status == "skipped" and outcome.message == f"not available in flashinfer {fv.flashinfer_version()}"
+    assert (
+        outcome.status == "skipped"
+        and outcome.message == f"not available in flashinfer {fv.flashinfer_version()}"
+    )
     verdict = fv.validate_sizing(NOPE, 16, PREFIX, expect_accept=False)
     assert verdict.passed and "skipped (not available in flashinfer" in verdict.detail
 
@@ -78,7 +86,9 @@ def test_old_flashinfer_skips_the_private_validator(monkeypatch):
 
 
 def test_a_flashinfer_that_accepted_the_old_sizing_fails_the_check(monkeypatch):
-    monkeypatch.setattr(fv, "call_public", lambda layout, heads, sizing: fv.Outcome("public", "accepted", "ran"))
+    monkeypatch.setattr(
+        fv, "call_public", lambda layout, heads, sizing: fv.Outcome("public", "accepted", "ran")
+    )
     assert fv.validate_sizing(NOPE, 16, PREFIX, expect_accept=False).passed is False
 
 

@@ -31,20 +31,43 @@ def main() -> None:
     ap.add_argument("--no-prefetch", action="store_true")
     ap.add_argument("--factored", action="store_true")
     ap.add_argument("--max-block-h", type=int, default=64)
-    ap.add_argument("--hopper", action="store_true", help="the SM90 Gluon kernel (--stages, --splits apply)")
-    ap.add_argument("--ws", action="store_true", help="the warp-specialised SM90 kernel (--splits applies)")
+    ap.add_argument(
+        "--hopper", action="store_true", help="the SM90 Gluon kernel (--stages, --splits apply)"
+    )
+    ap.add_argument(
+        "--ws", action="store_true", help="the warp-specialised SM90 kernel (--splits applies)"
+    )
     args = ap.parse_args()
     rows, width, active = 1 << 20, 2176, 2051
     cache, usable = build_cache("nope", rows, 64, "arbitrary_fp32", "cuda")
     idx = torch.full((args.tokens, width), -1, dtype=torch.int32, device="cuda")
-    idx[:, :active] = torch.randint(0, usable, (args.tokens, active), device="cuda", dtype=torch.int32)
+    idx[:, :active] = torch.randint(
+        0, usable, (args.tokens, active), device="cuda", dtype=torch.int32
+    )
     q = torch.randn(args.tokens, args.heads, 512, device="cuda").clamp(-1, 1).to(torch.bfloat16)
-    plan = plan_launch(args.tokens, args.heads, width, torch.cuda.get_device_properties(0).multi_processor_count,
-                       block_n=args.block_n, num_warps=args.warps, splits=args.splits, max_block_h=args.max_block_h)
-    plan = dataclasses.replace(plan, prefetch=not args.no_prefetch, num_stages=args.stages, factored=args.factored)
+    plan = plan_launch(
+        args.tokens,
+        args.heads,
+        width,
+        torch.cuda.get_device_properties(0).multi_processor_count,
+        block_n=args.block_n,
+        num_warps=args.warps,
+        splits=args.splits,
+        max_block_h=args.max_block_h,
+    )
+    plan = dataclasses.replace(
+        plan, prefetch=not args.no_prefetch, num_stages=args.stages, factored=args.factored
+    )
     if args.hopper:
-        plan = plan_hopper(args.tokens, args.heads, width, False, stages=args.stages, splits=args.splits,
-                           block_n=args.block_n)
+        plan = plan_hopper(
+            args.tokens,
+            args.heads,
+            width,
+            False,
+            stages=args.stages,
+            splits=args.splits,
+            block_n=args.block_n,
+        )
     if args.ws:
         plan = plan_hopper_ws(args.tokens, args.heads, width, splits=args.splits)
     for _ in range(4):

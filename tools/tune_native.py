@@ -41,7 +41,9 @@ WIDTH, ACTIVE = 2176, 2051
 
 def make_indices(tokens: int, usable: int, gen: torch.Generator) -> torch.Tensor:
     idx = torch.full((tokens, WIDTH), -1, dtype=torch.int32, device="cuda")
-    idx[:, :ACTIVE] = torch.randint(0, usable, (tokens, ACTIVE), device="cuda", generator=gen, dtype=torch.int32)
+    idx[:, :ACTIVE] = torch.randint(
+        0, usable, (tokens, ACTIVE), device="cuda", generator=gen, dtype=torch.int32
+    )
     return idx
 
 
@@ -56,36 +58,61 @@ def variants(heads: int, tokens: int, quick: bool) -> list[dict]:
                 out.append(dict(block_n=bn, num_warps=w, prefetch=False, num_stages=2))
                 out.append(dict(block_n=bn, num_warps=w, prefetch=False, num_stages=3))
     if tokens >= 128 and not quick:
-        out += [dict(block_n=bns[0], num_warps=4, splits=2), dict(block_n=bns[-1], num_warps=8, splits=2)]
+        out += [
+            dict(block_n=bns[0], num_warps=4, splits=2),
+            dict(block_n=bns[-1], num_warps=8, splits=2),
+        ]
     return out
 
 
 def explore(heads: int, tokens: int) -> list[dict]:
     """Structural alternatives: deeper splits, factored fp16 products, smaller head blocks."""
     if heads <= 32:
-        return [dict(block_n=32, num_warps=4, splits=2), dict(block_n=32, num_warps=4, splits=4),
-                dict(block_n=32, num_warps=4, splits=2, factored=True), dict(block_n=64, num_warps=8, splits=2, factored=True),
-                dict(block_n=16, num_warps=4, splits=2), dict(block_n=16, num_warps=4, splits=2, prefetch=False, num_stages=4),
-                dict(block_n=32, num_warps=4, splits=2, prefetch=False, num_stages=3, factored=True)]
-    return [dict(block_n=32, num_warps=4, prefetch=False, num_stages=2), dict(block_n=32, num_warps=4, prefetch=False, num_stages=2, factored=True),
-            dict(block_n=32, num_warps=8, factored=True), dict(block_n=32, num_warps=4, max_block_h=32),
-            dict(block_n=32, num_warps=4, max_block_h=16), dict(block_n=64, num_warps=4, max_block_h=16),
-            dict(block_n=32, num_warps=4, max_block_h=32, prefetch=False, num_stages=3)]
+        return [
+            dict(block_n=32, num_warps=4, splits=2),
+            dict(block_n=32, num_warps=4, splits=4),
+            dict(block_n=32, num_warps=4, splits=2, factored=True),
+            dict(block_n=64, num_warps=8, splits=2, factored=True),
+            dict(block_n=16, num_warps=4, splits=2),
+            dict(block_n=16, num_warps=4, splits=2, prefetch=False, num_stages=4),
+            dict(block_n=32, num_warps=4, splits=2, prefetch=False, num_stages=3, factored=True),
+        ]
+    return [
+        dict(block_n=32, num_warps=4, prefetch=False, num_stages=2),
+        dict(block_n=32, num_warps=4, prefetch=False, num_stages=2, factored=True),
+        dict(block_n=32, num_warps=8, factored=True),
+        dict(block_n=32, num_warps=4, max_block_h=32),
+        dict(block_n=32, num_warps=4, max_block_h=16),
+        dict(block_n=64, num_warps=4, max_block_h=16),
+        dict(block_n=32, num_warps=4, max_block_h=32, prefetch=False, num_stages=3),
+    ]
 
 
 def hopper_variants(heads: int, tokens: int, rope: bool, few_scan: bool = False) -> list[dict]:
     """The SM90 Gluon kernel: its default plan, then the alternatives the planner chose between
     (with `few_scan`, also `planner_scan`'s)."""
-    cands = [dict(kernel="hopper"), dict(kernel="hopper", block_n=64), dict(kernel="hopper", stages=3),
-             dict(kernel="hopper", block_h=32), dict(kernel="hopper", block_h=64)]
+    cands = [
+        dict(kernel="hopper"),
+        dict(kernel="hopper", block_n=64),
+        dict(kernel="hopper", stages=3),
+        dict(kernel="hopper", block_h=32),
+        dict(kernel="hopper", block_h=64),
+    ]
     if tokens * heads < 132 * 16:
-        cands += [dict(kernel="hopper", splits=34), dict(kernel="hopper", block_n=128, stages=1, block_h=16)]
+        cands += [
+            dict(kernel="hopper", splits=34),
+            dict(kernel="hopper", block_n=128, stages=1, block_h=16),
+        ]
     if not rope and (heads <= 32 or tokens < 64):
         # The warp-specialised kernel: its plan, one consumer instead of the role split, other
         # ring depths, 16 heads per program.
-        cands += [dict(kernel="hopper_ws"), dict(kernel="hopper_ws", role_split=False),
-                  dict(kernel="hopper_ws", slots=3), dict(kernel="hopper_ws", slots=2, role_split=False),
-                  dict(kernel="hopper_ws", block_h=16)]
+        cands += [
+            dict(kernel="hopper_ws"),
+            dict(kernel="hopper_ws", role_split=False),
+            dict(kernel="hopper_ws", slots=3),
+            dict(kernel="hopper_ws", slots=2, role_split=False),
+            dict(kernel="hopper_ws", block_h=16),
+        ]
     if not rope and heads > 32:
         # The 64-head kernel: its plan (three ring slots) and two.
         cands += [dict(kernel="hopper_wide"), dict(kernel="hopper_wide", slots=2)]
@@ -111,7 +138,9 @@ def planner_scan(heads: int, tokens: int, rope: bool) -> list[dict]:
         if bh > max(16, heads):
             continue
         try:
-            auto = build_plan(tokens, heads, dict(kernel="hopper", block_h=bh, block_n=64, stages=2), rope).splits
+            auto = build_plan(
+                tokens, heads, dict(kernel="hopper", block_h=bh, block_n=64, stages=2), rope
+            ).splits
         except ValueError:
             continue
         for splits in sorted({auto, max(1, auto // 2), min(34, 2 * auto)}):
@@ -123,45 +152,98 @@ def planner_scan(heads: int, tokens: int, rope: bool) -> list[dict]:
 
 def build_plan(tokens: int, heads: int, v: dict, rope: bool = False) -> LaunchPlan:
     if v.get("kernel") == "hopper_wide":
-        return plan_hopper_wide(tokens, heads, WIDTH, torch.cuda.get_device_properties(0).multi_processor_count,
-                                slots=v.get("slots"), splits=v.get("splits"))
+        return plan_hopper_wide(
+            tokens,
+            heads,
+            WIDTH,
+            torch.cuda.get_device_properties(0).multi_processor_count,
+            slots=v.get("slots"),
+            splits=v.get("splits"),
+        )
     if v.get("kernel") == "hopper_ws":
-        return plan_hopper_ws(tokens, heads, WIDTH, torch.cuda.get_device_properties(0).multi_processor_count,
-                              slots=v.get("slots"), splits=v.get("splits"), block_h=v.get("block_h"),
-                              role_split=v.get("role_split"))
+        return plan_hopper_ws(
+            tokens,
+            heads,
+            WIDTH,
+            torch.cuda.get_device_properties(0).multi_processor_count,
+            slots=v.get("slots"),
+            splits=v.get("splits"),
+            block_h=v.get("block_h"),
+            role_split=v.get("role_split"),
+        )
     if v.get("kernel") == "hopper":
-        return plan_hopper(tokens, heads, WIDTH, rope, torch.cuda.get_device_properties(0).multi_processor_count,
-                           stages=v.get("stages"), splits=v.get("splits"), block_n=v.get("block_n"),
-                           block_h=v.get("block_h"))
-    base = plan_launch(tokens, heads, WIDTH, torch.cuda.get_device_properties(0).multi_processor_count,
-                       block_n=v["block_n"], num_warps=v["num_warps"], splits=v.get("splits"),
-                       max_block_h=v.get("max_block_h", 64))
-    return dataclasses.replace(base, prefetch=v.get("prefetch", True), num_stages=v.get("num_stages", 1),
-                               factored=v.get("factored", False))
+        return plan_hopper(
+            tokens,
+            heads,
+            WIDTH,
+            rope,
+            torch.cuda.get_device_properties(0).multi_processor_count,
+            stages=v.get("stages"),
+            splits=v.get("splits"),
+            block_n=v.get("block_n"),
+            block_h=v.get("block_h"),
+        )
+    base = plan_launch(
+        tokens,
+        heads,
+        WIDTH,
+        torch.cuda.get_device_properties(0).multi_processor_count,
+        block_n=v["block_n"],
+        num_warps=v["num_warps"],
+        splits=v.get("splits"),
+        max_block_h=v.get("max_block_h", 64),
+    )
+    return dataclasses.replace(
+        base,
+        prefetch=v.get("prefetch", True),
+        num_stages=v.get("num_stages", 1),
+        factored=v.get("factored", False),
+    )
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--cases", default="16x512,64x512,16x1,64x1,128x512")
-    ap.add_argument("--explore", action="store_true", help="structural alternatives instead of the block/warp grid")
+    ap.add_argument(
+        "--explore",
+        action="store_true",
+        help="structural alternatives instead of the block/warp grid",
+    )
     ap.add_argument("--modes", default="nope,shim")
-    ap.add_argument("--hopper", action="store_true", help="the SM90 Gluon kernel's variants instead")
-    ap.add_argument("--few-scan", action="store_true", help="with --hopper: every head-block size and split count too")
+    ap.add_argument(
+        "--hopper", action="store_true", help="the SM90 Gluon kernel's variants instead"
+    )
+    ap.add_argument(
+        "--few-scan",
+        action="store_true",
+        help="with --hopper: every head-block size and split count too",
+    )
     args = ap.parse_args()
     out_dir = Path(os.environ.get("OUT", "tune-out"))
     out_dir.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator(device="cuda").manual_seed(1234)
     ceil = measure_ceilings()
-    print(f"ceilings: copy {ceil.copy_gbps:.0f} GB/s, bf16 matmul {ceil.matmul_tflops:.0f} TFLOP/s", flush=True)
-    caches = {m: build_cache(m, ROWS, 64, "arbitrary_fp32", "cuda", seed=1234) for m in args.modes.split(",")}
+    print(
+        f"ceilings: copy {ceil.copy_gbps:.0f} GB/s, bf16 matmul {ceil.matmul_tflops:.0f} TFLOP/s",
+        flush=True,
+    )
+    caches = {
+        m: build_cache(m, ROWS, 64, "arbitrary_fp32", "cuda", seed=1234)
+        for m in args.modes.split(",")
+    }
     rows = []
     for case in args.cases.split(","):
         heads, tokens = map(int, case.split("x"))
         for mode, (cache, usable) in caches.items():
             rope = 64 if mode == "shim" else 0
             sets = 4 if tokens >= 64 else 64
-            qs = [torch.randn(tokens, heads, 512 + rope, device="cuda", generator=gen).clamp(-1, 1).to(torch.bfloat16) for _ in range(sets)]
+            qs = [
+                torch.randn(tokens, heads, 512 + rope, device="cuda", generator=gen)
+                .clamp(-1, 1)
+                .to(torch.bfloat16)
+                for _ in range(sets)
+            ]
             if rope:
                 for q in qs:
                     q[..., 512:] = 0
@@ -172,7 +254,11 @@ def main() -> int:
             elif args.explore:
                 vs = explore(heads, tokens)
             else:
-                vs = variants(heads, tokens, args.quick) if mode == "nope" else variants(heads, tokens, True)
+                vs = (
+                    variants(heads, tokens, args.quick)
+                    if mode == "nope"
+                    else variants(heads, tokens, True)
+                )
             for v in vs:
                 plan = build_plan(tokens, heads, v, bool(rope))
                 row = {"heads": heads, "tokens": tokens, "mode": mode, **dataclasses.asdict(plan)}
@@ -181,20 +267,60 @@ def main() -> int:
                     res = native_decode(qs[0], cache, idxs[0], 0.0625, rope, plan)
                     cmp = close(res.out, ref)
                     lse_err = float((res.lse - ref_lse).abs().max())
-                    row.update(passed=cmp.passed, max_abs_err=cmp.max_abs_err, cos_diff=cmp.cos_diff, lse_err=lse_err,
-                               compile_s=time.time() - t0)
-                    calls = [lambda q=q, i=i, c=cache, r=rope, p=plan: native_decode(q, c, i, 0.0625, r, p) for q, i in zip(qs, idxs, strict=True)]
+                    row.update(
+                        passed=cmp.passed,
+                        max_abs_err=cmp.max_abs_err,
+                        cos_diff=cmp.cos_diff,
+                        lse_err=lse_err,
+                        compile_s=time.time() - t0,
+                    )
+                    calls = [
+                        lambda q=q, i=i, c=cache, r=rope, p=plan: native_decode(
+                            q, c, i, 0.0625, r, p
+                        )
+                        for q, i in zip(qs, idxs, strict=True)
+                    ]
                     tm = time_gpu(calls, budget_s=0.3)
                     row.update(tm.as_row())
                     rb = 528 if rope == 0 else 656
                     row["tbps"] = tokens * ACTIVE * rb / (tm.median_ms * 1e-3) / 1e12
-                    row["tflops"] = 2 * tokens * heads * ACTIVE * (512 + rope + 512) / (tm.median_ms * 1e-3) / 1e12
+                    row["tflops"] = (
+                        2
+                        * tokens
+                        * heads
+                        * ACTIVE
+                        * (512 + rope + 512)
+                        / (tm.median_ms * 1e-3)
+                        / 1e12
+                    )
                 except Exception as exc:  # noqa: BLE001 - a failing variant is a row, not a crash
                     row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
                 rows.append(row)
-                print({k: row.get(k) for k in ("heads", "tokens", "mode", "block_h", "block_n", "num_warps", "prefetch",
-                                               "num_stages", "splits", "kernel", "role_split", "passed", "max_abs_err",
-                                               "median_ms", "tbps", "tflops", "error")}, flush=True)
+                print(
+                    {
+                        k: row.get(k)
+                        for k in (
+                            "heads",
+                            "tokens",
+                            "mode",
+                            "block_h",
+                            "block_n",
+                            "num_warps",
+                            "prefetch",
+                            "num_stages",
+                            "splits",
+                            "kernel",
+                            "role_split",
+                            "passed",
+                            "max_abs_err",
+                            "median_ms",
+                            "tbps",
+                            "tflops",
+                            "error",
+                        )
+                    },
+                    flush=True,
+                )
             write_csv(out_dir / "tune.csv", rows)
     write_json(out_dir / "tune_env.json", {**environment_header(), **ceil.as_row()})
     print("\nbest per case:")
@@ -204,9 +330,11 @@ def main() -> int:
     ok = df[df.get("passed", False) == True]  # noqa: E712
     for (h, t, m), g in ok.groupby(["heads", "tokens", "mode"]):
         b = g.sort_values("median_ms").iloc[0]
-        print(f"H={h:<4} T={t:<4} {m:5} {b.median_ms:.4f} ms  bn={b.block_n} w={b.num_warps} pf={b.prefetch} "
-              f"st={b.num_stages} sp={b.splits} {b.kernel}{' split' if b.role_split else ''} {b.tbps:.2f} TB/s "
-              f"{b.tflops:.0f} TFLOP/s")
+        print(
+            f"H={h:<4} T={t:<4} {m:5} {b.median_ms:.4f} ms  bn={b.block_n} w={b.num_warps} pf={b.prefetch} "
+            f"st={b.num_stages} sp={b.splits} {b.kernel}{' split' if b.role_split else ''} {b.tbps:.2f} TB/s "
+            f"{b.tflops:.0f} TFLOP/s"
+        )
     return 0
 
 

@@ -17,7 +17,9 @@ class Criterion:
     target: str
     passed: bool | None  # None: not measurable in this run (an implementation missing)
     bound: float | None = None  # a ratio criterion's threshold
-    spread: float | None = None  # the ratio's noise band: the sum of its two cells' (p90 - p10) / median
+    spread: float | None = (
+        None  # the ratio's noise band: the sum of its two cells' (p90 - p10) / median
+    )
 
     @property
     def within_spread(self) -> bool:
@@ -28,8 +30,14 @@ class Criterion:
         return abs(self.measured / self.bound - 1) <= self.spread
 
     def as_row(self) -> dict:
-        return {"criterion": self.name, "measured": self.measured, "target": self.target, "passed": self.passed,
-                "spread": self.spread, "within_spread": self.within_spread}
+        return {
+            "criterion": self.name,
+            "measured": self.measured,
+            "target": self.target,
+            "passed": self.passed,
+            "spread": self.spread,
+            "within_spread": self.within_spread,
+        }
 
 
 def spread_band(c: Criterion) -> str:
@@ -44,24 +52,39 @@ def timed(rows: pd.DataFrame) -> pd.DataFrame:
     return rows[rows["median_ms"].notna() & rows["error"].isna()]
 
 
-def _cell(df: pd.DataFrame, impl: str, heads: int, tokens: int, mode: str) -> tuple[float, float] | None:
+def _cell(
+    df: pd.DataFrame, impl: str, heads: int, tokens: int, mode: str
+) -> tuple[float, float] | None:
     """Median ms and spread of one timed cell at the target width, or None."""
-    sel = df[(df.impl == impl) & (df.heads == heads) & (df.query_tokens == tokens) & (df["mode"] == mode)
-             & (df.width == TARGET_WIDTH) & (df.active == TARGET_ACTIVE)]
+    sel = df[
+        (df.impl == impl)
+        & (df.heads == heads)
+        & (df.query_tokens == tokens)
+        & (df["mode"] == mode)
+        & (df.width == TARGET_WIDTH)
+        & (df.active == TARGET_ACTIVE)
+    ]
     if not len(sel):
         return None
     spread = sel.spread.iloc[0] if "spread" in sel else float("nan")
     return float(sel.median_ms.iloc[0]), float(spread)
 
 
-def _ratio_at_least(name: str, num: tuple[float, float] | None, den: tuple[float, float] | None,
-                    bound: float, target: str) -> Criterion:
+def _ratio_at_least(
+    name: str,
+    num: tuple[float, float] | None,
+    den: tuple[float, float] | None,
+    bound: float,
+    target: str,
+) -> Criterion:
     """Time of cell `num` / time of cell `den` >= bound, with the two cells' spreads added as
     the ratio's noise band."""
     if num is None or den is None:
         return Criterion(name, None, target, None, bound)
     ratio, spread = num[0] / den[0], num[1] + den[1]
-    return Criterion(name, ratio, target, ratio >= bound, bound, None if pd.isna(spread) else spread)
+    return Criterion(
+        name, ratio, target, ratio >= bound, bound, None if pd.isna(spread) else spread
+    )
 
 
 def criteria(rows: pd.DataFrame) -> list[Criterion]:
@@ -76,20 +99,55 @@ def criteria(rows: pd.DataFrame) -> list[Criterion]:
         fp8 = _cell(df, "flashinfer-fa3-fp8", heads, t, "nope")
         shim = _cell(df, "native", heads, t, "shim")
         relation = "at least as fast as" if bf16_bound == 1.0 else "within 1.25x of"
-        out.append(_ratio_at_least(f"H={heads}: native NoPE {relation} fa3 bf16 NoPE (fa3 / native)",
-                                   bf16, native, bf16_bound, f">= {bf16_bound:.2f}"))
-        out.append(_ratio_at_least(f"H={heads}: native NoPE vs fa3 fp8 (fa3 fp8 / native)", fp8, native, fp8_x,
-                                   f">= {fp8_x:g}"))
-        out.append(_ratio_at_least(f"H={heads}: native NoPE vs native shim (shim / NoPE)", shim, native, shim_x,
-                                   f">= {shim_x:g}"))
+        out.append(
+            _ratio_at_least(
+                f"H={heads}: native NoPE {relation} fa3 bf16 NoPE (fa3 / native)",
+                bf16,
+                native,
+                bf16_bound,
+                f">= {bf16_bound:.2f}",
+            )
+        )
+        out.append(
+            _ratio_at_least(
+                f"H={heads}: native NoPE vs fa3 fp8 (fa3 fp8 / native)",
+                fp8,
+                native,
+                fp8_x,
+                f">= {fp8_x:g}",
+            )
+        )
+        out.append(
+            _ratio_at_least(
+                f"H={heads}: native NoPE vs native shim (shim / NoPE)",
+                shim,
+                native,
+                shim_x,
+                f">= {shim_x:g}",
+            )
+        )
     for heads in (16, 64):
         native = _cell(df, "native", heads, 1, "nope")
         bf16 = _cell(df, "flashinfer-fa3-bf16", heads, 1, "nope")
-        out.append(_ratio_at_least(f"H={heads}, 1 token: native no slower than fa3 bf16 (fa3 / native)", bf16, native,
-                                   1.0, ">= 1.00"))
+        out.append(
+            _ratio_at_least(
+                f"H={heads}, 1 token: native no slower than fa3 bf16 (fa3 / native)",
+                bf16,
+                native,
+                1.0,
+                ">= 1.00",
+            )
+        )
     ran = rows[rows.skipped.isna()] if "skipped" in rows else rows
     failed = int((~ran.passed.fillna(False).astype(bool)).sum()) if "passed" in ran else len(ran)
-    out.append(Criterion("every case that ran passed its correctness check (failures)", float(failed), "0", failed == 0))
+    out.append(
+        Criterion(
+            "every case that ran passed its correctness check (failures)",
+            float(failed),
+            "0",
+            failed == 0,
+        )
+    )
     return out
 
 
@@ -108,7 +166,9 @@ def mark_regressions(rows: pd.DataFrame, baseline: pd.DataFrame) -> pd.DataFrame
     """Add vs_baseline (time / baseline time) and regression: slower by more than the larger of
     the two runs' measured spreads."""
     keys = ["case", "impl"]
-    base = timed(baseline)[keys + ["median_ms", "spread"]].rename(columns={"median_ms": "baseline_ms", "spread": "baseline_spread"})
+    base = timed(baseline)[keys + ["median_ms", "spread"]].rename(
+        columns={"median_ms": "baseline_ms", "spread": "baseline_spread"}
+    )
     merged = rows.merge(base, on=keys, how="left")
     merged["vs_baseline"] = merged.median_ms / merged.baseline_ms
     tolerance = merged[["spread", "baseline_spread"]].max(axis=1)

@@ -39,8 +39,11 @@ class Variant:
     row_bytes: int
 
 
-VARIANTS = (Variant("nope528", 0, g.NOPE_ROW_BYTES), Variant("nope656", 0, g.FULL_ROW_BYTES),
-            Variant("rope656", g.ROPE_DIM, g.FULL_ROW_BYTES))
+VARIANTS = (
+    Variant("nope528", 0, g.NOPE_ROW_BYTES),
+    Variant("nope656", 0, g.FULL_ROW_BYTES),
+    Variant("rope656", g.ROPE_DIM, g.FULL_ROW_BYTES),
+)
 
 
 @dataclass
@@ -94,7 +97,9 @@ def make_set(tokens: int, v: Variant, gen: torch.Generator, dev: str = "cuda") -
 # ---------------------------------------------------------------- checks
 
 
-def check_against_cpu(s: InputSet, tokens: int, v: Variant) -> tuple[dict[str, str | None], dict[str, bool]]:
+def check_against_cpu(
+    s: InputSet, tokens: int, v: Variant
+) -> tuple[dict[str, str | None], dict[str, bool]]:
     """Run the validated kernels and the GPU torch reference on one set, and compare both
     with rowformat on the CPU (the reference of record).
 
@@ -111,13 +116,21 @@ def check_against_cpu(s: InputSet, tokens: int, v: Variant) -> tuple[dict[str, s
     rowformat.write_cache(by_torch, s.kv_c, s.k_pe, s.slot_mapping, SCALE_FORMAT)
     write_cache(s.cache, s.kv_c, s.k_pe, s.slot_mapping, SCALE_FORMAT)
     got = s.cache.cpu()
-    expected_out = rowformat.gather_upconvert(got, s.block_table.cpu(), s.workspace_starts.cpu(), tokens, v.rope_dim).view(torch.int16)
+    expected_out = rowformat.gather_upconvert(
+        got, s.block_table.cpu(), s.workspace_starts.cpu(), tokens, v.rope_dim
+    ).view(torch.int16)
     out = gather_upconvert(s.cache, s.block_table, s.workspace_starts, tokens, v.rope_dim)
-    torch_out = rowformat.gather_upconvert(s.cache, s.block_table, s.workspace_starts, tokens, v.rope_dim)
-    errors = {"write": _diff("cache bytes", got, expected),
-              "gather": _diff("gathered bf16", out.cpu().view(torch.int16), expected_out)}
-    torch_exact = {"write": torch.equal(by_torch.cpu(), expected),
-                   "gather": torch.equal(torch_out.cpu().view(torch.int16), expected_out)}
+    torch_out = rowformat.gather_upconvert(
+        s.cache, s.block_table, s.workspace_starts, tokens, v.rope_dim
+    )
+    errors = {
+        "write": _diff("cache bytes", got, expected),
+        "gather": _diff("gathered bf16", out.cpu().view(torch.int16), expected_out),
+    }
+    torch_exact = {
+        "write": torch.equal(by_torch.cpu(), expected),
+        "gather": torch.equal(torch_out.cpu().view(torch.int16), expected_out),
+    }
     return errors, torch_exact
 
 
@@ -131,29 +144,47 @@ def _diff(what: str, got: torch.Tensor, expected: torch.Tensor) -> str | None:
 # ---------------------------------------------------------------- timing
 
 
-def calls_for(op: str, impl: str, sets: list[InputSet], tokens: int, v: Variant) -> list[Callable[[], object]]:
+def calls_for(
+    op: str, impl: str, sets: list[InputSet], tokens: int, v: Variant
+) -> list[Callable[[], object]]:
     from nopebench.cache_kernels import gather_upconvert_into, write_cache_unchecked
 
     def bind(s: InputSet) -> Callable[[], object]:
         if op == "write" and impl == "cuda":
-            return lambda: write_cache_unchecked(s.cache, s.kv_c, s.k_pe, s.slot_mapping, SCALE_FORMAT)
+            return lambda: write_cache_unchecked(
+                s.cache, s.kv_c, s.k_pe, s.slot_mapping, SCALE_FORMAT
+            )
         if op == "write":
-            return lambda: rowformat.write_cache(s.cache, s.kv_c, s.k_pe, s.slot_mapping, SCALE_FORMAT)
+            return lambda: rowformat.write_cache(
+                s.cache, s.kv_c, s.k_pe, s.slot_mapping, SCALE_FORMAT
+            )
         if impl == "cuda":
-            return lambda: gather_upconvert_into(s.out, s.cache, s.block_table, s.workspace_starts, tokens, v.rope_dim)
-        return lambda: rowformat.gather_upconvert(s.cache, s.block_table, s.workspace_starts, tokens, v.rope_dim)
+            return lambda: gather_upconvert_into(
+                s.out, s.cache, s.block_table, s.workspace_starts, tokens, v.rope_dim
+            )
+        return lambda: rowformat.gather_upconvert(
+            s.cache, s.block_table, s.workspace_starts, tokens, v.rope_dim
+        )
 
     return [bind(s) for s in sets]
 
 
-def measure(tokens: int, v: Variant, budget_s: float, copy_gbps: float, l2_bytes: int | None,
-            device: str = "cuda") -> list[dict]:
+def measure(
+    tokens: int,
+    v: Variant,
+    budget_s: float,
+    copy_gbps: float,
+    l2_bytes: int | None,
+    device: str = "cuda",
+) -> list[dict]:
     """Rows for one (tokens, variant): both ops, both implementations, checked first."""
     from nopebench.bench import timing
 
     gen = torch.Generator(device=device).manual_seed(tokens * 1000 + v.row_bytes + v.rope_dim)
     per_set = min(op_bytes("write", tokens, v), op_bytes("gather", tokens, v))
-    sets = [make_set(tokens, v, gen, device) for _ in range(timing.rotation_count(per_set, l2_bytes))]
+    sets = [
+        make_set(tokens, v, gen, device) for _ in range(timing.rotation_count(per_set, l2_bytes))
+    ]
     errors, torch_exact = check_against_cpu(sets[0], tokens, v)
     for s in sets[1:]:  # every set's cache holds written rows before a gather reads it
         fill_cache(s)
@@ -161,16 +192,30 @@ def measure(tokens: int, v: Variant, budget_s: float, copy_gbps: float, l2_bytes
     for op in ("write", "gather"):
         timings = {}
         for impl in ("cuda", "torch"):
-            base = {"op": op, "variant": v.name, "rope_dim": v.rope_dim, "row_bytes": v.row_bytes, "tokens": tokens,
-                    "impl": impl, "scale_format": SCALE_FORMAT, "bytes": op_bytes(op, tokens, v), "input_sets": len(sets),
-                    "copy_gbps": copy_gbps, "check_passed": errors[op] is None if impl == "cuda" else torch_exact[op],
-                    "error": errors[op] if impl == "cuda" else None}
+            base = {
+                "op": op,
+                "variant": v.name,
+                "rope_dim": v.rope_dim,
+                "row_bytes": v.row_bytes,
+                "tokens": tokens,
+                "impl": impl,
+                "scale_format": SCALE_FORMAT,
+                "bytes": op_bytes(op, tokens, v),
+                "input_sets": len(sets),
+                "copy_gbps": copy_gbps,
+                "check_passed": errors[op] is None if impl == "cuda" else torch_exact[op],
+                "error": errors[op] if impl == "cuda" else None,
+            }
             if impl == "cuda" and errors[op] is not None:
                 rows.append(base)
                 continue
             # The reference synchronises with the host (no graph) and is slow: fewer samples.
-            t = timing.time_gpu(calls_for(op, impl, sets, tokens, v), budget_s=budget_s,
-                                min_samples=10 if impl == "cuda" else 5, use_graph=impl == "cuda")
+            t = timing.time_gpu(
+                calls_for(op, impl, sets, tokens, v),
+                budget_s=budget_s,
+                min_samples=10 if impl == "cuda" else 5,
+                use_graph=impl == "cuda",
+            )
             timings[impl] = t.median_ms
             gbps = base["bytes"] / (t.median_ms * 1e-3) / 1e9
             rows.append({**base, **t.as_row(), "gbps": gbps, "pct_copy": 100 * gbps / copy_gbps})
@@ -190,7 +235,9 @@ def fill_cache(s: InputSet) -> None:
 # ---------------------------------------------------------------- the command
 
 
-def run_bench(tokens: tuple[int, ...], budget_s: float, progress: Callable[[str], None] | None = None) -> tuple[list[dict], dict]:
+def run_bench(
+    tokens: tuple[int, ...], budget_s: float, progress: Callable[[str], None] | None = None
+) -> tuple[list[dict], dict]:
     from nopebench.bench.timing import measure_ceilings
     from nopebench.environment import gpu_info
 
@@ -205,9 +252,20 @@ def run_bench(tokens: tuple[int, ...], budget_s: float, progress: Callable[[str]
                 rows.extend(measure(t, v, budget_s, ceilings.copy_gbps, l2))
             except Exception as exc:  # noqa: BLE001 - a failed size is a row, not a crash
                 message = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-                rows.extend({"op": op, "variant": v.name, "rope_dim": v.rope_dim, "row_bytes": v.row_bytes, "tokens": t,
-                             "impl": impl, "error": message, "check_passed": False}
-                            for op in ("write", "gather") for impl in ("cuda", "torch"))
+                rows.extend(
+                    {
+                        "op": op,
+                        "variant": v.name,
+                        "rope_dim": v.rope_dim,
+                        "row_bytes": v.row_bytes,
+                        "tokens": t,
+                        "impl": impl,
+                        "error": message,
+                        "check_passed": False,
+                    }
+                    for op in ("write", "gather")
+                    for impl in ("cuda", "torch")
+                )
             finally:
                 torch.cuda.empty_cache()
     return rows, summarize(rows, ceilings.as_row())
@@ -216,13 +274,21 @@ def run_bench(tokens: tuple[int, ...], budget_s: float, progress: Callable[[str]
 def summarize(rows: list[dict], ceilings: dict) -> dict:
     cuda = [r for r in rows if r["impl"] == "cuda"]
     at_target = [r for r in cuda if r["tokens"] >= TARGET_MIN_TOKENS]
-    targets = {f"{r['op']}/{r['variant']}/T{r['tokens']}": bool(
-        r.get("pct_copy", 0) >= TARGET_PCT_COPY and r.get("speedup", 0) >= TARGET_SPEEDUP) for r in at_target}
+    targets = {
+        f"{r['op']}/{r['variant']}/T{r['tokens']}": bool(
+            r.get("pct_copy", 0) >= TARGET_PCT_COPY and r.get("speedup", 0) >= TARGET_SPEEDUP
+        )
+        for r in at_target
+    }
     return {
         **ceilings,
         "checks_passed": all(r.get("check_passed") and not r.get("error") for r in cuda),
         "errors": sum(bool(r.get("error")) for r in rows),
-        "targets": {"min_tokens": TARGET_MIN_TOKENS, "pct_copy": TARGET_PCT_COPY, "speedup": TARGET_SPEEDUP},
+        "targets": {
+            "min_tokens": TARGET_MIN_TOKENS,
+            "pct_copy": TARGET_PCT_COPY,
+            "speedup": TARGET_SPEEDUP,
+        },
         "targets_met": targets,
         "all_targets_met": bool(targets) and all(targets.values()),
     }

@@ -81,7 +81,9 @@ class BenchConfig(StrictModel):
         for key in ("heads", "query_tokens"):
             bad = [v for v in getattr(self, key) if v <= 0 or (key == "heads" and v > 128)]
             if bad:
-                raise ValueError(f"{key} must be positive{' and at most 128' if key == 'heads' else ''}, got {bad}")
+                raise ValueError(
+                    f"{key} must be positive{' and at most 128' if key == 'heads' else ''}, got {bad}"
+                )
         return self
 
 
@@ -126,7 +128,9 @@ class DecodeCase:
         return g.decode_flops(self.query_tokens, self.heads, self.active, self.qk_dim)
 
     def bytes(self) -> int:
-        return g.decode_bytes(self.query_tokens, self.heads, self.active, self.row_bytes_read, self.qk_dim)
+        return g.decode_bytes(
+            self.query_tokens, self.heads, self.active, self.row_bytes_read, self.qk_dim
+        )
 
 
 def grid(cfg: BenchConfig, quick: bool) -> list[DecodeCase]:
@@ -134,39 +138,69 @@ def grid(cfg: BenchConfig, quick: bool) -> list[DecodeCase]:
     heads, tokens, widths = cfg.heads, cfg.query_tokens, cfg.widths
     if quick and cfg.quick is not None:
         heads, tokens, widths = cfg.quick.heads, cfg.quick.query_tokens, cfg.quick.widths
-    return [DecodeCase(h, t, w.width, w.active, m) for m in cfg.modes for w in widths for h in heads for t in tokens]
+    return [
+        DecodeCase(h, t, w.width, w.active, m)
+        for m in cfg.modes
+        for w in widths
+        for h in heads
+        for t in tokens
+    ]
 
 
-def build_cache(mode: str, rows: int, block_size: int, scale_format: str, device, seed: int = 0) -> tuple[torch.Tensor, int]:
+def build_cache(
+    mode: str, rows: int, block_size: int, scale_format: str, device, seed: int = 0
+) -> tuple[torch.Tensor, int]:
     """A packed cache of `rows` rows written through the reference writer, its last 1/16 left
     as NaN poison; returns (cache, usable rows). Latent values are N(0, 1), NoPE rows (no RoPE
     input), so 656-byte rows carry zero tails as the cache-write fix requires."""
     _, row_bytes = MODE_LAYOUT[mode]
     usable = rows - rows // 16
     gen = torch.Generator(device=device).manual_seed(seed)
-    cache = torch.full((rows // block_size, block_size, row_bytes), POISON, dtype=torch.uint8, device=device)
+    cache = torch.full(
+        (rows // block_size, block_size, row_bytes), POISON, dtype=torch.uint8, device=device
+    )
     step = 1 << 18
     for start in range(0, usable, step):
         n = min(step, usable - start)
         latent = torch.randn(n, g.LATENT_DIM, device=device, generator=gen).to(torch.bfloat16)
-        rowformat.write_cache(cache, latent, None, torch.arange(start, start + n, device=device), scale_format)
+        rowformat.write_cache(
+            cache, latent, None, torch.arange(start, start + n, device=device), scale_format
+        )
     return cache, usable
 
 
-def make_problem(case: DecodeCase, cache: torch.Tensor, usable: int, model: ModelConfig, set_index: int,
-                 tokens: int | None = None) -> DecodeProblem:
+def make_problem(
+    case: DecodeCase,
+    cache: torch.Tensor,
+    usable: int,
+    model: ModelConfig,
+    set_index: int,
+    tokens: int | None = None,
+) -> DecodeProblem:
     """Fresh random queries (N(0,1) clamped to [-1, 1], FlashMLA's test distribution; zero RoPE
     lanes for the shim) and index rows of `active` random slots then a -1 tail, for one set."""
     device = cache.device
     tokens = case.query_tokens if tokens is None else tokens
     gen = torch.Generator(device=device).manual_seed(case.seed * 1009 + set_index)
-    q = torch.randn(tokens, case.heads, case.qk_dim, device=device, generator=gen).clamp(-1, 1).to(torch.bfloat16)
+    q = (
+        torch.randn(tokens, case.heads, case.qk_dim, device=device, generator=gen)
+        .clamp(-1, 1)
+        .to(torch.bfloat16)
+    )
     if case.rope_dim:
         q[..., g.LATENT_DIM :] = 0
     indices = torch.full((tokens, case.width), -1, dtype=torch.int32, device=device)
-    indices[:, : case.active] = torch.randint(0, usable, (tokens, case.active), device=device, generator=gen, dtype=torch.int32)
-    return DecodeProblem(q=q, cache=cache, indices=indices, softmax_scale=model.softmax_scale,
-                         rope_dim=case.rope_dim, kv_scale_format=model.kv_scale_format)
+    indices[:, : case.active] = torch.randint(
+        0, usable, (tokens, case.active), device=device, generator=gen, dtype=torch.int32
+    )
+    return DecodeProblem(
+        q=q,
+        cache=cache,
+        indices=indices,
+        softmax_scale=model.softmax_scale,
+        rope_dim=case.rope_dim,
+        kv_scale_format=model.kv_scale_format,
+    )
 
 
 def model_for(cfg: BenchConfig) -> ModelConfig:

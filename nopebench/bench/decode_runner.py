@@ -28,10 +28,14 @@ LSE_ABS_TOL = 1e-3  # natural-log LSE of fp32 softmax sums: rounding is far belo
 
 def roofline_ms(case: DecodeCase, ceil: Ceilings) -> float:
     """The larger of bytes / copy bandwidth and FLOPs / matmul rate: no kernel beats it."""
-    return max(case.bytes() / (ceil.copy_gbps * 1e9), case.flops() / (ceil.matmul_tflops * 1e12)) * 1e3
+    return (
+        max(case.bytes() / (ceil.copy_gbps * 1e9), case.flops() / (ceil.matmul_tflops * 1e12)) * 1e3
+    )
 
 
-def check_output(run: Callable[[], DecodeOutput], ref_out: torch.Tensor, ref_lse: torch.Tensor, tokens: int) -> dict:
+def check_output(
+    run: Callable[[], DecodeOutput], ref_out: torch.Tensor, ref_lse: torch.Tensor, tokens: int
+) -> dict:
     """Run, poison the outputs with NaN, run again, compare the first `tokens` query tokens."""
     first = run()
     first.out.fill_(math.nan)
@@ -41,8 +45,14 @@ def check_output(run: Callable[[], DecodeOutput], ref_out: torch.Tensor, ref_lse
     if res.out.is_cuda:
         torch.cuda.synchronize()
     cmp = compare.close(res.out[:tokens], ref_out)
-    row = {"passed": cmp.passed, "max_abs_err": cmp.max_abs_err, "mismatch_fraction": cmp.mismatch_fraction,
-           "cos_diff": cmp.cos_diff, "check_detail": cmp.detail, "lse_err": None}
+    row = {
+        "passed": cmp.passed,
+        "max_abs_err": cmp.max_abs_err,
+        "mismatch_fraction": cmp.mismatch_fraction,
+        "cos_diff": cmp.cos_diff,
+        "check_detail": cmp.detail,
+        "lse_err": None,
+    }
     if res.lse is not None:
         got, want = res.lse[:tokens].double(), ref_lse.double()
         same_inf = torch.equal(torch.isinf(got), torch.isinf(want))
@@ -55,18 +65,38 @@ def check_output(run: Callable[[], DecodeOutput], ref_out: torch.Tensor, ref_lse
     return row
 
 
-def run_case(case: DecodeCase, cfg: BenchConfig, model: ModelConfig, cache: torch.Tensor, usable: int,
-             registry: dict[str, ImplSpec], impls: list[str], ceil: Ceilings, budget_s: float,
-             l2_bytes: int | None) -> list[dict]:
+def run_case(
+    case: DecodeCase,
+    cfg: BenchConfig,
+    model: ModelConfig,
+    cache: torch.Tensor,
+    usable: int,
+    registry: dict[str, ImplSpec],
+    impls: list[str],
+    ceil: Ceilings,
+    budget_s: float,
+    l2_bytes: int | None,
+) -> list[dict]:
     """Rows for one case: each requested implementation checked, then timed."""
-    base = {"case": case.case_id, **asdict(case), "row_bytes": case.row_bytes, "bytes": case.bytes(),
-            "flops": case.flops(), "roofline_ms": roofline_ms(case, ceil)}
+    base = {
+        "case": case.case_id,
+        **asdict(case),
+        "row_bytes": case.row_bytes,
+        "bytes": case.bytes(),
+        "flops": case.flops(),
+        "roofline_ms": roofline_ms(case, ceil),
+    }
     check_tokens = min(case.query_tokens, cfg.check_tokens)
     problem0 = make_problem(case, cache, usable, model, 0)
     sets = rotation_count(case.query_tokens * case.active * case.row_bytes, l2_bytes)
     problems = [problem0] + [make_problem(case, cache, usable, model, i) for i in range(1, sets)]
-    ref_out, ref_lse = sparse_decode_reference(problem0.q[:check_tokens], cache, problem0.indices[:check_tokens],
-                                               problem0.softmax_scale, problem0.rope_dim)
+    ref_out, ref_lse = sparse_decode_reference(
+        problem0.q[:check_tokens],
+        cache,
+        problem0.indices[:check_tokens],
+        problem0.softmax_scale,
+        problem0.rope_dim,
+    )
     rows = []
     for name in impls:
         row = {**base, "impl": name, "skipped": None, "error": None}
@@ -79,27 +109,49 @@ def run_case(case: DecodeCase, cfg: BenchConfig, model: ModelConfig, cache: torc
             row["skipped"] = reason
             continue
         try:
-            runs = [impl_registry.prepare(p, name, registry) for p in (problems if name != "reference" else problems[:1])]
+            runs = [
+                impl_registry.prepare(p, name, registry)
+                for p in (problems if name != "reference" else problems[:1])
+            ]
             row.update(check_output(runs[0], ref_out, ref_lse, check_tokens))
             if not row["passed"]:
                 row["error"] = f"correctness check failed: {row['check_detail']}"
                 continue
-            timing = time_gpu(runs, budget_s=budget_s, min_samples=cfg.timing.min_samples, max_samples=cfg.timing.max_samples)
+            timing = time_gpu(
+                runs,
+                budget_s=budget_s,
+                min_samples=cfg.timing.min_samples,
+                max_samples=cfg.timing.max_samples,
+            )
         except Exception as exc:  # noqa: BLE001 - a failing implementation is a row, not a crash
-            row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:400]
+            row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[
+                :400
+            ]
             row["traceback"] = traceback.format_exc(limit=3)[-1500:]
             continue
         ms = timing.median_ms
         row.update(timing.as_row())
-        row.update(rotation_sets=len(runs), tbps=case.bytes() / (ms * 1e-3) / 1e12, tflops=case.flops() / (ms * 1e-3) / 1e12,
-                   pct_copy_bw=100 * case.bytes() / (ms * 1e-3) / (ceil.copy_gbps * 1e9),
-                   pct_matmul=100 * case.flops() / (ms * 1e-3) / (ceil.matmul_tflops * 1e12),
-                   pct_roofline=100 * base["roofline_ms"] / ms)
+        row.update(
+            rotation_sets=len(runs),
+            tbps=case.bytes() / (ms * 1e-3) / 1e12,
+            tflops=case.flops() / (ms * 1e-3) / 1e12,
+            pct_copy_bw=100 * case.bytes() / (ms * 1e-3) / (ceil.copy_gbps * 1e9),
+            pct_matmul=100 * case.flops() / (ms * 1e-3) / (ceil.matmul_tflops * 1e12),
+            pct_roofline=100 * base["roofline_ms"] / ms,
+        )
     return rows
 
 
-def run_grid(cfg: BenchConfig, model: ModelConfig, cases: list[DecodeCase], impls: list[str], ceil: Ceilings,
-             budget_s: float, progress: Callable[[str], None] | None = None, device: str = "cuda") -> list[dict]:
+def run_grid(
+    cfg: BenchConfig,
+    model: ModelConfig,
+    cases: list[DecodeCase],
+    impls: list[str],
+    ceil: Ceilings,
+    budget_s: float,
+    progress: Callable[[str], None] | None = None,
+    device: str = "cuda",
+) -> list[dict]:
     """All rows of a grid; caches are built once per mode and freed when the mode is done."""
     from nopebench.environment import gpu_info
 
@@ -107,11 +159,15 @@ def run_grid(cfg: BenchConfig, model: ModelConfig, cases: list[DecodeCase], impl
     l2 = gpu_info().get("l2_bytes")
     rows: list[dict] = []
     for mode in dict.fromkeys(c.mode for c in cases):
-        cache, usable = build_cache(mode, cfg.cache_rows, model.block_size, model.kv_scale_format, device)
+        cache, usable = build_cache(
+            mode, cfg.cache_rows, model.block_size, model.kv_scale_format, device
+        )
         for case in (c for c in cases if c.mode == mode):
             if progress:
                 progress(case.case_id)
-            rows.extend(run_case(case, cfg, model, cache, usable, registry, impls, ceil, budget_s, l2))
+            rows.extend(
+                run_case(case, cfg, model, cache, usable, registry, impls, ceil, budget_s, l2)
+            )
         del cache
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

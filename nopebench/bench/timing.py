@@ -77,7 +77,9 @@ def time_gpu(
     per_sample = rounds * len(calls)
     samples: list[float] = []
     deadline = time.perf_counter() + budget_s
-    while len(samples) < max_samples and (len(samples) < min_samples or time.perf_counter() < deadline):
+    while len(samples) < max_samples and (
+        len(samples) < min_samples or time.perf_counter() < deadline
+    ):
         start_evt.record()
         run()
         end_evt.record()
@@ -131,7 +133,9 @@ class Ceilings:
         return {"copy_gbps": self.copy_gbps, "matmul_tflops": self.matmul_tflops}
 
 
-def measure_ceilings(copy_bytes: int = 2 * 2**30, matmul_n: int = 8192, budget_s: float = 0.5) -> Ceilings:
+def measure_ceilings(
+    copy_bytes: int = 2 * 2**30, matmul_n: int = 8192, budget_s: float = 0.5
+) -> Ceilings:
     """Device copy bandwidth (bytes read + written) and dense bf16 matmul rate, on random data.
 
     The copy is timed eagerly: on the H200 a copy captured in a CUDA graph (a memcpy node) ran
@@ -141,8 +145,13 @@ def measure_ceilings(copy_bytes: int = 2 * 2**30, matmul_n: int = 8192, budget_s
     src = torch.randint(0, 256, (copy_bytes,), dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     copy_once = functools.partial(dst.copy_, src)
-    copy = min((time_gpu([copy_once], budget_s=budget_s / 2, min_samples=5, use_graph=graphed) for graphed in (False, True)),
-               key=lambda t: t.median_ms)
+    copy = min(
+        (
+            time_gpu([copy_once], budget_s=budget_s / 2, min_samples=5, use_graph=graphed)
+            for graphed in (False, True)
+        ),
+        key=lambda t: t.median_ms,
+    )
     del src, dst
     a = torch.randn(matmul_n, matmul_n, dtype=torch.bfloat16, device="cuda")
     b = torch.randn(matmul_n, matmul_n, dtype=torch.bfloat16, device="cuda")

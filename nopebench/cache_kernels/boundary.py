@@ -38,14 +38,29 @@ class Outcome:
 def boundary_cases(tokens: tuple[int, ...] = BOUNDARY_TOKENS) -> list[layout.LayoutCase]:
     """The small grid; contiguous and strided inputs in a checkerboard over the grid indices
     (as layout.sweep_cases), so every row kind and format sees both input layouts."""
-    base = layout.LayoutCase(tokens=1, block_size=64, row_bytes=g.FULL_ROW_BYTES, rope_dim=0, scale_format="arbitrary_fp32")
+    base = layout.LayoutCase(
+        tokens=1,
+        block_size=64,
+        row_bytes=g.FULL_ROW_BYTES,
+        rope_dim=0,
+        scale_format="arbitrary_fp32",
+    )
     cases = []
     for i, t in enumerate(tokens):
         for j, bs in enumerate((16, 64)):
             for k, (row_bytes, rope_dim) in enumerate(ROW_KINDS):
                 for m, fmt in enumerate(rowformat.SCALE_FORMATS):
-                    cases.append(replace(base, tokens=t, block_size=bs, row_bytes=row_bytes, rope_dim=rope_dim,
-                                         scale_format=fmt, strided_inputs=(i + j + k + m) % 2 == 0))
+                    cases.append(
+                        replace(
+                            base,
+                            tokens=t,
+                            block_size=bs,
+                            row_bytes=row_bytes,
+                            rope_dim=rope_dim,
+                            scale_format=fmt,
+                            strided_inputs=(i + j + k + m) % 2 == 0,
+                        )
+                    )
     return cases
 
 
@@ -59,14 +74,18 @@ def layout_outcomes(cases: list[layout.LayoutCase], device: str = "cuda") -> lis
     return outcomes
 
 
-def _random_inputs(tokens: int, rope_dim: int, seed: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _random_inputs(
+    tokens: int, rope_dim: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     gen = torch.Generator().manual_seed(seed)
     kv_c = layout.adversarial_latent(tokens, gen)
     k_pe = torch.randn(tokens, rope_dim, generator=gen).to(torch.bfloat16) if rope_dim else None
     return kv_c, k_pe
 
 
-def misaligned_write_outcome(tokens: int, row_bytes: int, rope_dim: int, scale_format: str, device: str = "cuda") -> Outcome:
+def misaligned_write_outcome(
+    tokens: int, row_bytes: int, rope_dim: int, scale_format: str, device: str = "cuda"
+) -> Outcome:
     """Inputs 2 bytes past a 16-byte boundary with odd row strides: the scalar-load path."""
     kv_c, k_pe = _random_inputs(tokens, rope_dim, seed=tokens * 7 + rope_dim + row_bytes)
     width = g.LATENT_DIM + rope_dim
@@ -84,7 +103,11 @@ def misaligned_write_outcome(tokens: int, row_bytes: int, rope_dim: int, scale_f
     rowformat.write_cache(expected, kv_c, k_pe, slots, scale_format)
     got = cache.to(device)
     ops.write_cache(got, kv_dev, pe_dev, slots.to(device), scale_format)
-    return _bytes_outcome(f"misaligned inputs T{tokens}-row{row_bytes}-rope{rope_dim}-{scale_format}", got.cpu(), expected)
+    return _bytes_outcome(
+        f"misaligned inputs T{tokens}-row{row_bytes}-rope{rope_dim}-{scale_format}",
+        got.cpu(),
+        expected,
+    )
 
 
 def unchecked_write_outcome(device: str = "cuda") -> Outcome:
@@ -108,13 +131,22 @@ def unchecked_gather_outcome(device: str = "cuda") -> Outcome:
     storage, cache = layout.guarded_cache(num_blocks, bs, g.FULL_ROW_BYTES, "cpu")
     kv_c, k_pe = _random_inputs(num_blocks * bs, g.ROPE_DIM, seed=5)
     rowformat.write_cache(cache, kv_c, k_pe, torch.arange(num_blocks * bs), "pow2_fp32")
-    block_table = torch.tensor([[0, -1, 3], [num_blocks + 2, 5, 1], [2, 4, num_blocks]], dtype=torch.int32)
+    block_table = torch.tensor(
+        [[0, -1, 3], [num_blocks + 2, 5, 1], [2, 4, num_blocks]], dtype=torch.int32
+    )
     workspace_starts = torch.tensor([0, 40, 70], dtype=torch.int32)
     seq_starts = torch.tensor([3, 5, 0], dtype=torch.int32)
     total_rows = 120  # the last request reads past its 3 blocks (48 positions)
     out = torch.full((total_rows, g.UPCONVERT_DIM), 1.0, dtype=torch.bfloat16, device=device)
-    ops.gather_upconvert_into(out, cache.to(device), block_table.to(device), workspace_starts.to(device),
-                              total_rows, g.ROPE_DIM, seq_starts.to(device))
+    ops.gather_upconvert_into(
+        out,
+        cache.to(device),
+        block_table.to(device),
+        workspace_starts.to(device),
+        total_rows,
+        g.ROPE_DIM,
+        seq_starts.to(device),
+    )
     got = out.cpu().view(torch.int16).numpy().view(np.uint16)
     rows = cache.view(-1, g.FULL_ROW_BYTES).numpy()
     bounds = [*workspace_starts.tolist(), total_rows]
@@ -124,11 +156,24 @@ def unchecked_gather_outcome(device: str = "cuda") -> Outcome:
             col = pos // bs
             block = int(block_table[r, col]) if col < block_table.shape[1] else -1
             if 0 <= block < num_blocks:
-                expected = layout.independent_gather(rows[block * bs + pos % bs][None], g.ROPE_DIM)[0]
-                if not np.array_equal(np.where(layout._bf16_nan(expected), 0, got[row]), np.where(layout._bf16_nan(expected), 0, expected)):
-                    return Outcome("unchecked gather: bad table entries", False, f"row {row} (request {r}, valid slot) differs")
+                expected = layout.independent_gather(rows[block * bs + pos % bs][None], g.ROPE_DIM)[
+                    0
+                ]
+                if not np.array_equal(
+                    np.where(layout._bf16_nan(expected), 0, got[row]),
+                    np.where(layout._bf16_nan(expected), 0, expected),
+                ):
+                    return Outcome(
+                        "unchecked gather: bad table entries",
+                        False,
+                        f"row {row} (request {r}, valid slot) differs",
+                    )
             elif not layout._bf16_nan(got[row]).all():
-                return Outcome("unchecked gather: bad table entries", False, f"row {row} (request {r}, block {block}) is not all NaN")
+                return Outcome(
+                    "unchecked gather: bad table entries",
+                    False,
+                    f"row {row} (request {r}, block {block}) is not all NaN",
+                )
     return Outcome("unchecked gather: bad table entries", True)
 
 
@@ -144,7 +189,9 @@ def all_outcomes(device: str = "cuda") -> list[Outcome]:
     outcomes = layout_outcomes(boundary_cases(), device)
     for t in (1, 63, 65):
         for row_bytes, rope_dim in ROW_KINDS:
-            outcomes.append(misaligned_write_outcome(t, row_bytes, rope_dim, "arbitrary_fp32", device))
+            outcomes.append(
+                misaligned_write_outcome(t, row_bytes, rope_dim, "arbitrary_fp32", device)
+            )
     outcomes.append(unchecked_write_outcome(device))
     outcomes.append(unchecked_gather_outcome(device))
     return outcomes

@@ -37,9 +37,18 @@ COMPILE_ONLY_TARGETS = ("sm_90a", "sm_100a", "sm_120a")
 # Never fast math: the kernels must be bit-exact with the reference, which needs an IEEE
 # divide, subnormals kept (no flush to zero) and no multiply-add contraction.
 NVCC_FLAGS = (
-    "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC",
-    "-ftz=false", "-prec-div=true", "-prec-sqrt=true", "-fmad=false",
-    "-lineinfo", "-Xptxas", "-v",
+    "-O3",
+    "-std=c++17",
+    "-shared",
+    "-Xcompiler",
+    "-fPIC",
+    "-ftz=false",
+    "-prec-div=true",
+    "-prec-sqrt=true",
+    "-fmad=false",
+    "-lineinfo",
+    "-Xptxas",
+    "-v",
 )
 TARGET_RE = re.compile(r"^sm_(\d{2,3})([af]?)$")
 # Capabilities whose architecture-specific ("a") target the kernels are built for.
@@ -115,7 +124,10 @@ def cuda_include_dir() -> Path | None:
     nvcc = find_nvcc()
     if nvcc is not None:
         candidates.append(nvcc.resolve().parent.parent / "include")
-    candidates += [p.parent.parent / "include" for p in sorted(Path("/usr/local").glob("cuda*/bin/nvcc"), key=_version_key, reverse=True)]
+    candidates += [
+        p.parent.parent / "include"
+        for p in sorted(Path("/usr/local").glob("cuda*/bin/nvcc"), key=_version_key, reverse=True)
+    ]
     return next((c for c in candidates if (c / "cuda_runtime.h").is_file()), None)
 
 
@@ -128,14 +140,18 @@ def _version_key(path: Path) -> tuple[int, ...]:
 def _version_text(nvcc: Path) -> str:
     proc = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True, timeout=60)
     if proc.returncode != 0:
-        raise UnsupportedError(f"{nvcc} --version failed (exit {proc.returncode}): {proc.stderr.strip()[:200]}")
+        raise UnsupportedError(
+            f"{nvcc} --version failed (exit {proc.returncode}): {proc.stderr.strip()[:200]}"
+        )
     return proc.stdout.strip()
 
 
 def toolchain() -> Toolchain:
     nvcc = find_nvcc()
     if nvcc is None:
-        raise UnsupportedError("nvcc not found: set CUDA_HOME or put nvcc on PATH (CUDA 12.8+ builds sm_90a, sm_100a, sm_120a)")
+        raise UnsupportedError(
+            "nvcc not found: set CUDA_HOME or put nvcc on PATH (CUDA 12.8+ builds sm_90a, sm_100a, sm_120a)"
+        )
     return Toolchain(nvcc=nvcc, version_text=_version_text(nvcc))
 
 
@@ -151,7 +167,9 @@ def parse_targets(arch: str) -> tuple[str, ...]:
         if not item:
             continue
         if not TARGET_RE.match(item):
-            raise UsageError(f"--arch {item!r}: expected targets like sm_90a, sm_100a, sm_120a or sm_89, comma-separated")
+            raise UsageError(
+                f"--arch {item!r}: expected targets like sm_90a, sm_100a, sm_120a or sm_89, comma-separated"
+            )
         if item not in targets:
             targets.append(item)
     if not targets:
@@ -178,7 +196,9 @@ def source_files(source_dir: Path = SOURCE_DIR) -> list[Path]:
     return [main, *sorted(source_dir.glob("*.cuh"))]
 
 
-def build_digest(sources: Sequence[Path], flags: Sequence[str], toolchain_text: str, target: str) -> str:
+def build_digest(
+    sources: Sequence[Path], flags: Sequence[str], toolchain_text: str, target: str
+) -> str:
     h = hashlib.sha256()
     for part in (target, toolchain_text, "\0".join(flags)):
         h.update(part.encode())
@@ -224,7 +244,9 @@ def build_library(
             if cached is None:
                 raise
             return cached
-        return BuildResult(target, final / LIBRARY_NAME, digest, False, result.seconds, result.resources)
+        return BuildResult(
+            target, final / LIBRARY_NAME, digest, False, result.seconds, result.resources
+        )
     finally:
         if work.exists():
             shutil.rmtree(work, ignore_errors=True)
@@ -252,20 +274,42 @@ def build_libraries(
         return [f.result() for f in futures]
 
 
-def _compile(target: str, digest: str, flags: Sequence[str], sources: Sequence[Path], source_dir: Path,
-             tools: Toolchain, work: Path, final: Path) -> BuildResult:
-    cmd = [str(tools.nvcc), *flags, "-I", str(source_dir), "-o", str(work / LIBRARY_NAME), str(source_dir / LIBRARY_SOURCE)]
+def _compile(
+    target: str,
+    digest: str,
+    flags: Sequence[str],
+    sources: Sequence[Path],
+    source_dir: Path,
+    tools: Toolchain,
+    work: Path,
+    final: Path,
+) -> BuildResult:
+    cmd = [
+        str(tools.nvcc),
+        *flags,
+        "-I",
+        str(source_dir),
+        "-o",
+        str(work / LIBRARY_NAME),
+        str(source_dir / LIBRARY_SOURCE),
+    ]
     start = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     except subprocess.TimeoutExpired as exc:
-        raise BuildError(f"nvcc for {target} did not finish in {exc.timeout:.0f} s", "", None) from None
+        raise BuildError(
+            f"nvcc for {target} did not finish in {exc.timeout:.0f} s", "", None
+        ) from None
     seconds = time.perf_counter() - start
     log = (proc.stdout + proc.stderr).strip()
     if proc.returncode != 0:
         log_path = Path(final.parent) / f"failed-{target}.log"
         log_path.write_text(f"$ {' '.join(cmd)}\n{log}\n", encoding="utf-8")
-        raise BuildError(f"nvcc failed for {target} (exit {proc.returncode}): {first_error(log)} (full log: {log_path})", log, log_path)
+        raise BuildError(
+            f"nvcc failed for {target} (exit {proc.returncode}): {first_error(log)} (full log: {log_path})",
+            log,
+            log_path,
+        )
     resources = parse_ptxas(log)
     (work / "nvcc.log").write_text(f"$ {' '.join(cmd)}\n{log}\n", encoding="utf-8")
     record = {
@@ -293,7 +337,9 @@ def _read_record(directory: Path) -> BuildResult | None:
     try:
         record = json.loads(record_path.read_text(encoding="utf-8"))
         resources = tuple(KernelResources(**r) for r in record["resources"])
-        return BuildResult(record["target"], library, record["digest"], True, float(record["seconds"]), resources)
+        return BuildResult(
+            record["target"], library, record["digest"], True, float(record["seconds"]), resources
+        )
     except (ValueError, KeyError, TypeError):
         return None
 
@@ -322,7 +368,9 @@ def parse_ptxas(log: str) -> tuple[KernelResources, ...]:
         elif (m := _FRAME.search(line)) and name:
             frame = (int(m.group(1)), int(m.group(2)), int(m.group(3)))
         elif (m := _USED.search(line)) and name:
-            found.append(KernelResources(kernel_label(name), int(m.group(1)), frame[1], frame[2], frame[0]))
+            found.append(
+                KernelResources(kernel_label(name), int(m.group(1)), frame[1], frame[2], frame[0])
+            )
             name = None
     return tuple(found)
 

@@ -22,10 +22,16 @@ SIGNATURES = {
     "nopecache_error_string": ([_i32], ctypes.c_char_p),
     # cache, num_slots, row_bytes, kv_c, kv_stride, k_pe, pe_stride, rope_dim, slot_mapping,
     # slot_is_int64, tokens, scale_format, device, stream
-    "nopecache_concat_and_cache_ds_mla": ([_ptr, _i64, _i32, _ptr, _i64, _ptr, _i64, _i32, _ptr, _i32, _i64, _i32, _i32, _ptr], _i32),
+    "nopecache_concat_and_cache_ds_mla": (
+        [_ptr, _i64, _i32, _ptr, _i64, _ptr, _i64, _i32, _ptr, _i32, _i64, _i32, _i32, _ptr],
+        _i32,
+    ),
     # cache, num_blocks, block_size, row_bytes, block_table, bt_stride, max_blocks,
     # workspace_starts, seq_starts, num_req, total_rows, rope_dim, out, device, stream
-    "nopecache_gather_upconvert": ([_ptr, _i64, _i32, _i32, _ptr, _i64, _i32, _ptr, _ptr, _i32, _i64, _i32, _ptr, _i32, _ptr], _i32),
+    "nopecache_gather_upconvert": (
+        [_ptr, _i64, _i32, _i32, _ptr, _i64, _i32, _ptr, _ptr, _i32, _i64, _i32, _ptr, _i32, _ptr],
+        _i32,
+    ),
 }
 
 _lock = threading.Lock()
@@ -53,11 +59,15 @@ def load_library(device: torch.device) -> ctypes.CDLL:
 
             result = build_library(target)
             if not result.cached:
-                err_console.print(f"built the CUDA cache kernels for {target} in {result.seconds:.1f} s: {result.library}")
+                err_console.print(
+                    f"built the CUDA cache kernels for {target} in {result.seconds:.1f} s: {result.library}"
+                )
             lib = declare(ctypes.CDLL(str(result.library)))
             version = lib.nopecache_abi_version()
             if version != ABI_VERSION:
-                raise UnsupportedError(f"{result.library} has ABI {version}, expected {ABI_VERSION}: rebuild with `nopebench build --force`")
+                raise UnsupportedError(
+                    f"{result.library} has ABI {version}, expected {ABI_VERSION}: rebuild with `nopebench build --force`"
+                )
             _loaded[target] = lib
         return _loaded[target]
 

@@ -57,8 +57,13 @@ class GatherCall:
 # ---------------------------------------------------------------- public entry points
 
 
-def write_cache(cache: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor | None,
-                slot_mapping: torch.Tensor, scale_format: str) -> None:
+def write_cache(
+    cache: torch.Tensor,
+    kv_c: torch.Tensor,
+    k_pe: torch.Tensor | None,
+    slot_mapping: torch.Tensor,
+    scale_format: str,
+) -> None:
     """concat_and_cache_ds_mla on the GPU: rowformat.write_cache's contract, bit for bit."""
     call = prepare_write(cache, kv_c, k_pe, slot_mapping, scale_format)
     check_slot_values(slot_mapping, cache.shape[0] * cache.shape[1])
@@ -66,34 +71,59 @@ def write_cache(cache: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor | No
     launch_write(call)
 
 
-def gather_upconvert(cache: torch.Tensor, block_table: torch.Tensor, workspace_starts: torch.Tensor,
-                     total_rows: int, rope_dim: int, seq_starts: torch.Tensor | None = None) -> torch.Tensor:
+def gather_upconvert(
+    cache: torch.Tensor,
+    block_table: torch.Tensor,
+    workspace_starts: torch.Tensor,
+    total_rows: int,
+    rope_dim: int,
+    seq_starts: torch.Tensor | None = None,
+) -> torch.Tensor:
     """cp_gather_and_upconvert_fp8_kv_cache on the GPU: rowformat.gather_upconvert's contract."""
     call = prepare_gather(cache, block_table, workspace_starts, total_rows, rope_dim, seq_starts)
     # The reference's own value checks (request bounds, positions, block ids), same messages.
-    rowformat.gather_plan(cache, block_table, workspace_starts, call.total_rows, rope_dim, seq_starts)
+    rowformat.gather_plan(
+        cache, block_table, workspace_starts, call.total_rows, rope_dim, seq_starts
+    )
     require_cuda(cache)
     out = torch.empty(call.total_rows, g.UPCONVERT_DIM, dtype=torch.bfloat16, device=cache.device)
     launch_gather(_on_device(call), out)
     return out
 
 
-def write_cache_unchecked(cache: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor | None,
-                          slot_mapping: torch.Tensor, scale_format: str) -> None:
+def write_cache_unchecked(
+    cache: torch.Tensor,
+    kv_c: torch.Tensor,
+    k_pe: torch.Tensor | None,
+    slot_mapping: torch.Tensor,
+    scale_format: str,
+) -> None:
     """write_cache without the value checks: no host sync, capturable in a CUDA graph."""
     call = prepare_write(cache, kv_c, k_pe, slot_mapping, scale_format)
     require_cuda(cache)
     launch_write(call)
 
 
-def gather_upconvert_into(out: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor,
-                          workspace_starts: torch.Tensor, total_rows: int, rope_dim: int,
-                          seq_starts: torch.Tensor | None = None) -> torch.Tensor:
+def gather_upconvert_into(
+    out: torch.Tensor,
+    cache: torch.Tensor,
+    block_table: torch.Tensor,
+    workspace_starts: torch.Tensor,
+    total_rows: int,
+    rope_dim: int,
+    seq_starts: torch.Tensor | None = None,
+) -> torch.Tensor:
     """gather_upconvert into `out` without the value checks: no host sync, capturable."""
     call = prepare_gather(cache, block_table, workspace_starts, total_rows, rope_dim, seq_starts)
     require_cuda(cache)
-    if out.dtype != torch.bfloat16 or tuple(out.shape) != (call.total_rows, g.UPCONVERT_DIM) or not out.is_contiguous():
-        raise ValueError(f"out must be contiguous bf16 [{call.total_rows}, {g.UPCONVERT_DIM}], got {out.dtype} {tuple(out.shape)}")
+    if (
+        out.dtype != torch.bfloat16
+        or tuple(out.shape) != (call.total_rows, g.UPCONVERT_DIM)
+        or not out.is_contiguous()
+    ):
+        raise ValueError(
+            f"out must be contiguous bf16 [{call.total_rows}, {g.UPCONVERT_DIM}], got {out.dtype} {tuple(out.shape)}"
+        )
     if out.device != cache.device or out.data_ptr() % ALIGN:
         raise ValueError(f"out must be on {cache.device} and 16-byte aligned")
     launch_gather(_on_device(call), out)
@@ -103,20 +133,31 @@ def gather_upconvert_into(out: torch.Tensor, cache: torch.Tensor, block_table: t
 # ---------------------------------------------------------------- checks
 
 
-def prepare_write(cache: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor | None,
-                  slot_mapping: torch.Tensor, scale_format: str) -> WriteCall:
+def prepare_write(
+    cache: torch.Tensor,
+    kv_c: torch.Tensor,
+    k_pe: torch.Tensor | None,
+    slot_mapping: torch.Tensor,
+    scale_format: str,
+) -> WriteCall:
     """Every check that reads no values: the reference's, plus the kernel's alignment needs."""
     if scale_format not in SCALE_FORMAT_CODES:
-        raise ValueError(f"scale_format must be one of {tuple(SCALE_FORMAT_CODES)}, got {scale_format!r}")
+        raise ValueError(
+            f"scale_format must be one of {tuple(SCALE_FORMAT_CODES)}, got {scale_format!r}"
+        )
     _check_cache(cache)
     rope_dim = rowformat.check_write_inputs(kv_c, k_pe, cache.shape[-1])
     if slot_mapping.dim() != 1 or slot_mapping.shape[0] != kv_c.shape[0]:
-        raise ValueError(f"slot_mapping must be [T] with T = {kv_c.shape[0]}, got {tuple(slot_mapping.shape)}")
+        raise ValueError(
+            f"slot_mapping must be [T] with T = {kv_c.shape[0]}, got {tuple(slot_mapping.shape)}"
+        )
     if slot_mapping.dtype not in INDEX_DTYPES:
         raise ValueError(f"slot_mapping must be int32 or int64, got {slot_mapping.dtype}")
     devices = [t.device for t in (kv_c, k_pe, slot_mapping) if t is not None]
     if any(d != cache.device for d in devices):
-        raise ValueError(f"kv_c, k_pe, slot_mapping and cache must share a device, got {[str(d) for d in devices]} and {cache.device}")
+        raise ValueError(
+            f"kv_c, k_pe, slot_mapping and cache must share a device, got {[str(d) for d in devices]} and {cache.device}"
+        )
     # The kernel reads rows through their row stride; elements within a row must be adjacent.
     kv_c = kv_c if kv_c.stride(-1) == 1 else kv_c.contiguous()
     k_pe = None if not rope_dim else (k_pe if k_pe.stride(-1) == 1 else k_pe.contiguous())
@@ -131,11 +172,19 @@ def check_slot_values(slot_mapping: torch.Tensor, capacity: int) -> None:
     if int(slots.max()) >= capacity:
         raise ValueError(f"slot {int(slots.max())} out of range for a cache of {capacity} slots")
     if torch.unique(slots).numel() != slots.numel():
-        raise ValueError("slot_mapping writes the same slot twice; which row wins would be unspecified")
+        raise ValueError(
+            "slot_mapping writes the same slot twice; which row wins would be unspecified"
+        )
 
 
-def prepare_gather(cache: torch.Tensor, block_table: torch.Tensor, workspace_starts: torch.Tensor,
-                   total_rows: int, rope_dim: int, seq_starts: torch.Tensor | None) -> GatherCall:
+def prepare_gather(
+    cache: torch.Tensor,
+    block_table: torch.Tensor,
+    workspace_starts: torch.Tensor,
+    total_rows: int,
+    rope_dim: int,
+    seq_starts: torch.Tensor | None,
+) -> GatherCall:
     """Every gather check that reads no values."""
     _check_cache(cache)
     if rope_dim not in (0, g.ROPE_DIM):
@@ -143,7 +192,9 @@ def prepare_gather(cache: torch.Tensor, block_table: torch.Tensor, workspace_sta
     if rope_dim and cache.shape[-1] != g.FULL_ROW_BYTES:
         raise ValueError(f"rope_dim 64 needs 656-byte rows, cache has {cache.shape[-1]}")
     if block_table.dim() != 2 or block_table.dtype not in INDEX_DTYPES:
-        raise ValueError(f"block_table must be int32/int64 [R, max_blocks], got {block_table.dtype} {tuple(block_table.shape)}")
+        raise ValueError(
+            f"block_table must be int32/int64 [R, max_blocks], got {block_table.dtype} {tuple(block_table.shape)}"
+        )
     num_req = block_table.shape[0]
     for name, t in (("workspace_starts", workspace_starts), ("seq_starts", seq_starts)):
         if t is None:
@@ -170,7 +221,9 @@ def prepare_gather(cache: torch.Tensor, block_table: torch.Tensor, workspace_sta
 def require_cuda(cache: torch.Tensor) -> None:
     """Last check before a launch: the kernels run on a CUDA device only."""
     if cache.device.type != "cuda":
-        raise ValueError(f"the CUDA cache kernels need tensors on a CUDA device, got {cache.device}")
+        raise ValueError(
+            f"the CUDA cache kernels need tensors on a CUDA device, got {cache.device}"
+        )
 
 
 def _check_cache(cache: torch.Tensor) -> None:
@@ -178,7 +231,9 @@ def _check_cache(cache: torch.Tensor) -> None:
     if cache.shape[1] < 1:
         raise ValueError(f"cache block_size must be >= 1, got {cache.shape[1]}")
     if cache.data_ptr() % ALIGN:
-        raise ValueError(f"cache must start on a {ALIGN}-byte boundary (its rows are moved in 16-byte pieces)")
+        raise ValueError(
+            f"cache must start on a {ALIGN}-byte boundary (its rows are moved in 16-byte pieces)"
+        )
 
 
 def _on_device(call: GatherCall) -> GatherCall:
@@ -195,8 +250,14 @@ def _on_device(call: GatherCall) -> GatherCall:
     table = call.block_table.to(device=device, dtype=torch.int32)
     if table.stride(-1) != 1:
         table = table.contiguous()
-    return GatherCall(call.cache, table, as_i32(call.workspace_starts), as_i32(call.seq_starts),
-                      call.total_rows, call.rope_dim)
+    return GatherCall(
+        call.cache,
+        table,
+        as_i32(call.workspace_starts),
+        as_i32(call.seq_starts),
+        call.total_rows,
+        call.rope_dim,
+    )
 
 
 # ---------------------------------------------------------------- launches
@@ -220,11 +281,19 @@ def launch_write(call: WriteCall) -> None:
     cache = call.cache
     k_pe = call.k_pe
     code = lib.nopecache_concat_and_cache_ds_mla(
-        cache.data_ptr(), cache.shape[0] * cache.shape[1], cache.shape[2],
-        call.kv_c.data_ptr(), call.kv_c.stride(0),
-        k_pe.data_ptr() if k_pe is not None else None, k_pe.stride(0) if k_pe is not None else 0,
-        call.rope_dim, call.slot_mapping.data_ptr(), int(call.slot_mapping.dtype == torch.int64),
-        tokens, SCALE_FORMAT_CODES[call.scale_format], *_launch_context(cache),
+        cache.data_ptr(),
+        cache.shape[0] * cache.shape[1],
+        cache.shape[2],
+        call.kv_c.data_ptr(),
+        call.kv_c.stride(0),
+        k_pe.data_ptr() if k_pe is not None else None,
+        k_pe.stride(0) if k_pe is not None else 0,
+        call.rope_dim,
+        call.slot_mapping.data_ptr(),
+        int(call.slot_mapping.dtype == torch.int64),
+        tokens,
+        SCALE_FORMAT_CODES[call.scale_format],
+        *_launch_context(cache),
     )
     check(lib, code, "concat_and_cache_ds_mla launch")
 
@@ -236,10 +305,19 @@ def launch_gather(call: GatherCall, out: torch.Tensor) -> None:
     cache = call.cache
     seq = call.seq_starts
     code = lib.nopecache_gather_upconvert(
-        cache.data_ptr(), cache.shape[0], cache.shape[1], cache.shape[2],
-        call.block_table.data_ptr(), call.block_table.stride(0), call.block_table.shape[1],
-        call.workspace_starts.data_ptr(), seq.data_ptr() if seq is not None else None,
-        call.block_table.shape[0], call.total_rows, call.rope_dim, out.data_ptr(),
+        cache.data_ptr(),
+        cache.shape[0],
+        cache.shape[1],
+        cache.shape[2],
+        call.block_table.data_ptr(),
+        call.block_table.stride(0),
+        call.block_table.shape[1],
+        call.workspace_starts.data_ptr(),
+        seq.data_ptr() if seq is not None else None,
+        call.block_table.shape[0],
+        call.total_rows,
+        call.rope_dim,
+        out.data_ptr(),
         *_launch_context(cache),
     )
     check(lib, code, "gather_upconvert launch")

@@ -61,7 +61,10 @@ def layouts_for(cfg: ModelConfig) -> list[Layout]:
     """The layouts a model is served with: NoPE models natively (GLM53_NOPE) and through the
     576-wide zero-padded shim (GLM_NSA); RoPE models by their scale format."""
     if cfg.nope:
-        return [Layout("GLM53_NOPE", 0, "arbitrary_fp32"), Layout("GLM_NSA shim", g.ROPE_DIM, "arbitrary_fp32")]
+        return [
+            Layout("GLM53_NOPE", 0, "arbitrary_fp32"),
+            Layout("GLM_NSA shim", g.ROPE_DIM, "arbitrary_fp32"),
+        ]
     name = "GLM_NSA" if cfg.kv_scale_format == "arbitrary_fp32" else "DSV3_2"
     return [Layout(name, g.ROPE_DIM, cfg.kv_scale_format)]
 
@@ -103,27 +106,39 @@ def _core():
     return _core
 
 
-def expected_sm120_rejection(sizing: PageTableSizing, tokens: int = VALIDATION_TOKENS) -> str | None:
+def expected_sm120_rejection(
+    sizing: PageTableSizing, tokens: int = VALIDATION_TOKENS
+) -> str | None:
     """FlashInfer's exact error text for a sizing that does not fit its buffer, else None."""
     if sizing.mismatch() is None:
         return None
-    return (f"SM120 sparse MLA v32/GLM expects sparse block_tables shape "
-            f"{sizing.block_tables_shape(tokens)}, got {(tokens, 1, sizing.buffer_width)}")
+    return (
+        f"SM120 sparse MLA v32/GLM expects sparse block_tables shape "
+        f"{sizing.block_tables_shape(tokens)}, got {(tokens, 1, sizing.buffer_width)}"
+    )
 
 
 def _on_sm120_gpu() -> bool:
     return environment.gpu_info().get("sm") in (120, 121)
 
 
-def _sm120_kwargs(layout: Layout, heads: int, sizing: PageTableSizing, device: torch.device) -> dict:
+def _sm120_kwargs(
+    layout: Layout, heads: int, sizing: PageTableSizing, device: torch.device
+) -> dict:
     """Arguments of one decode step as the fixed or pre-fix backend would pass them."""
     tokens = VALIDATION_TOKENS
-    block_tables = torch.full((tokens, 1, sizing.buffer_width), -1, dtype=torch.int32, device=device)
-    block_tables[:, 0, 0] = torch.arange(tokens, device=device, dtype=torch.int32) % (CACHE_BLOCKS * BLOCK_SIZE)
+    block_tables = torch.full(
+        (tokens, 1, sizing.buffer_width), -1, dtype=torch.int32, device=device
+    )
+    block_tables[:, 0, 0] = torch.arange(tokens, device=device, dtype=torch.int32) % (
+        CACHE_BLOCKS * BLOCK_SIZE
+    )
     workspace_bytes = SM120_WORKSPACE_BYTES if device.type == "cuda" else 16
     return dict(
         query=torch.zeros(tokens, 1, heads, layout.qk_dim, dtype=torch.bfloat16, device=device),
-        kv_cache=torch.zeros(CACHE_BLOCKS, BLOCK_SIZE, g.FULL_ROW_BYTES, dtype=torch.uint8, device=device),
+        kv_cache=torch.zeros(
+            CACHE_BLOCKS, BLOCK_SIZE, g.FULL_ROW_BYTES, dtype=torch.uint8, device=device
+        ),
         workspace_buffer=torch.zeros(workspace_bytes, dtype=torch.uint8, device=device),
         qk_nope_head_dim=256 if layout.rope_dim == 0 else 128,
         kv_lora_rank=g.LATENT_DIM,
@@ -141,9 +156,17 @@ def classify_sm120(exc: BaseException) -> Outcome:
     """Accepted when the exception is the first device requirement of the SM120 runner, i.e.
     every argument check before it passed; rejected otherwise."""
     frames = [frame.name for frame in traceback.extract_tb(exc.__traceback__)]
-    if isinstance(exc, ValueError) and str(exc) == DEVICE_STOP_MESSAGE and DEVICE_STOP_FRAME in frames:
-        return Outcome("", "accepted", f"passed every argument check; stopped at the first device "
-                                       f"requirement in {DEVICE_STOP_FRAME}: {DEVICE_STOP_MESSAGE!r}")
+    if (
+        isinstance(exc, ValueError)
+        and str(exc) == DEVICE_STOP_MESSAGE
+        and DEVICE_STOP_FRAME in frames
+    ):
+        return Outcome(
+            "",
+            "accepted",
+            f"passed every argument check; stopped at the first device "
+            f"requirement in {DEVICE_STOP_FRAME}: {DEVICE_STOP_MESSAGE!r}",
+        )
     return Outcome("", "rejected", str(exc))
 
 
@@ -153,12 +176,18 @@ def call_public(layout: Layout, heads: int, sizing: PageTableSizing) -> Outcome:
     try:
         from flashinfer.mla import trtllm_batch_decode_with_kv_cache_mla
     except Exception as exc:
-        return Outcome(entry, "skipped", f"flashinfer is not importable ({type(exc).__name__}: {exc})")
+        return Outcome(
+            entry, "skipped", f"flashinfer is not importable ({type(exc).__name__}: {exc})"
+        )
     on_gpu = _on_sm120_gpu()
     kwargs = _sm120_kwargs(layout, heads, sizing, torch.device("cuda" if on_gpu else "cpu"))
     try:
         trtllm_batch_decode_with_kv_cache_mla(
-            **kwargs, max_seq_len=sizing.max_seq_len, backend="sparse", return_lse=True, return_lse_base="basee"
+            **kwargs,
+            max_seq_len=sizing.max_seq_len,
+            backend="sparse",
+            return_lse=True,
+            return_lse_base="basee",
         )
     except Exception as exc:
         return _named(classify_sm120(exc), entry)
@@ -176,8 +205,15 @@ def call_private(layout: Layout, heads: int, sizing: PageTableSizing) -> Outcome
     if fn is None or _version_tuple(version) < MIN_VERSION:
         return Outcome(entry, "skipped", f"not available in flashinfer {version}")
     kwargs = _sm120_kwargs(layout, heads, sizing, torch.device("cpu"))
-    extra = dict(out=None, sinks=None, skip_softmax_threshold_scale_factor=None, uses_shared_paged_kv_idx=True,
-                 lse=None, return_lse=True, lse_scale=1.0)
+    extra = dict(
+        out=None,
+        sinks=None,
+        skip_softmax_threshold_scale_factor=None,
+        uses_shared_paged_kv_idx=True,
+        lse=None,
+        return_lse=True,
+        lse_scale=1.0,
+    )
     params = set(inspect.signature(fn).parameters)
     if not set(kwargs) | set(extra) <= params:
         return Outcome(entry, "skipped", f"signature changed in flashinfer {version}; not called")
@@ -201,7 +237,15 @@ def call_trtllm_gen_shape(layout: Layout, heads: int, sizing: PageTableSizing) -
     kv_cache = torch.empty(CACHE_BLOCKS, BLOCK_SIZE, layout.qk_dim, dtype=torch.bfloat16)
     page_table = torch.full((tokens, 1, sizing.buffer_width), -1, dtype=torch.int32)
     try:
-        fn(query, kv_cache, g.LATENT_DIM, layout.rope_dim, sizing.sparse_mla_top_k, page_table, BLOCK_SIZE)
+        fn(
+            query,
+            kv_cache,
+            g.LATENT_DIM,
+            layout.rope_dim,
+            sizing.sparse_mla_top_k,
+            page_table,
+            BLOCK_SIZE,
+        )
     except Exception as exc:
         return Outcome(entry, "rejected", str(exc))
     return Outcome(entry, "accepted", "passed the shape check")
@@ -222,29 +266,46 @@ def _matches(outcome: Outcome, sizing: PageTableSizing, expected_sm120: str | No
     if outcome.entry == TRTLLM_GEN_SHAPE_CHECK:
         sig = signatures.match(outcome.message)
         found = sig.pattern.search(outcome.message) if sig else None
-        return bool(found) and sig.name in signatures.WIDTH_SIGNATURES and (
-            int(found.group(3)), int(found.group(6))) == (sizing.sparse_mla_top_k, sizing.buffer_width)
+        return (
+            bool(found)
+            and sig.name in signatures.WIDTH_SIGNATURES
+            and (int(found.group(3)), int(found.group(6)))
+            == (sizing.sparse_mla_top_k, sizing.buffer_width)
+        )
     return outcome.message == expected_sm120
 
 
-def validate_sizing(layout: Layout, heads: int, sizing: PageTableSizing, expect_accept: bool) -> SizingVerdict:
+def validate_sizing(
+    layout: Layout, heads: int, sizing: PageTableSizing, expect_accept: bool
+) -> SizingVerdict:
     """Run every entry point on one sizing. The caller states what must happen, independently
     of the sizing under test: the backend's (fixed) sizing must be accepted everywhere; the
     pre-fix sizing must be rejected with FlashInfer's exact text (recognised by the known-failure
     signatures) exactly when kpool widens the buffer. A sizing that merely agrees with its own
     prediction is not enough: a backend that still declared index_topk would pass that."""
-    expected_text = None if expect_accept else (
-        expected_sm120_rejection(sizing) or f"a rejection of sparse_mla_top_k={sizing.sparse_mla_top_k}")
+    expected_text = (
+        None
+        if expect_accept
+        else (
+            expected_sm120_rejection(sizing)
+            or f"a rejection of sparse_mla_top_k={sizing.sparse_mla_top_k}"
+        )
+    )
     expected = "accepted" if expected_text is None else expected_text
-    outcomes = [call_public(layout, heads, sizing), call_private(layout, heads, sizing),
-                call_trtllm_gen_shape(layout, heads, sizing)]
+    outcomes = [
+        call_public(layout, heads, sizing),
+        call_private(layout, heads, sizing),
+        call_trtllm_gen_shape(layout, heads, sizing),
+    ]
     public = outcomes[0]
     if public.status == "skipped":
         return SizingVerdict(layout, sizing, expected, outcomes, None, public.message)
     passed = all(_matches(o, sizing, expected_text) for o in outcomes)
     if expected_text is not None and public.status == "rejected":
         passed = passed and signatures.explain(public.message) is not None
-    return SizingVerdict(layout, sizing, expected, outcomes, passed, _describe(outcomes, expected_text))
+    return SizingVerdict(
+        layout, sizing, expected, outcomes, passed, _describe(outcomes, expected_text)
+    )
 
 
 def _describe(outcomes: list[Outcome], expected_text: str | None) -> str:

@@ -87,7 +87,9 @@ def model_case(model: ModelConfig, tokens: int, seed: int = 0) -> LayoutCase:
     )
 
 
-def sweep_cases(model: ModelConfig, seed: int = 0, tokens: tuple[int, ...] = (1, 63, 64, 65, 4096, 65536)) -> list[LayoutCase]:
+def sweep_cases(
+    model: ModelConfig, seed: int = 0, tokens: tuple[int, ...] = (1, 63, 64, 65, 4096, 65536)
+) -> list[LayoutCase]:
     """Token counts x block sizes {64, 16} x the row sizes the model's RoPE allows x both scale
     formats, contiguous and strided inputs in a checkerboard (the grid kernels are held to).
 
@@ -103,7 +105,16 @@ def sweep_cases(model: ModelConfig, seed: int = 0, tokens: tuple[int, ...] = (1,
             for k, rb in enumerate(row_sizes):
                 for m, fmt in enumerate(rowformat.SCALE_FORMATS):
                     strided = (i + j + k + m) % 2 == 0
-                    cases.append(replace(base, tokens=t, block_size=bs, row_bytes=rb, scale_format=fmt, strided_inputs=strided))
+                    cases.append(
+                        replace(
+                            base,
+                            tokens=t,
+                            block_size=bs,
+                            row_bytes=rb,
+                            scale_format=fmt,
+                            strided_inputs=strided,
+                        )
+                    )
     return cases
 
 
@@ -124,7 +135,9 @@ def adversarial_latent(tokens: int, gen: torch.Generator) -> torch.Tensor:
     x = torch.randn(shape, generator=gen) * magnitude.unsqueeze(-1)
     x = torch.where((u() < 0.04).unsqueeze(-1), torch.zeros_like(x), x)
     x = torch.where((u() < 0.03).unsqueeze(-1), torch.randn(shape, generator=gen) * 2e-39, x)
-    x = torch.where((u() < 0.02).unsqueeze(-1), torch.randn(shape, generator=gen).clamp(-3, 3) * 1e38, x)
+    x = torch.where(
+        (u() < 0.02).unsqueeze(-1), torch.randn(shape, generator=gen).clamp(-3, 3) * 1e38, x
+    )
     r = torch.rand(shape, generator=gen)
     x = torch.where(r < 0.01, torch.zeros_like(x), x)
     x = torch.where((r >= 0.01) & (r < 0.02), -torch.zeros_like(x), x)
@@ -138,12 +151,18 @@ def adversarial_latent(tokens: int, gen: torch.Generator) -> torch.Tensor:
     odd = (2 * torch.randint(8, 16, shape, generator=gen) + 1).double() / 16  # 17/16 .. 31/16
     ties = odd * torch.pow(2.0, torch.randint(-6, 8, shape, generator=gen).double()) * scale
     ties = ties * torch.sign(torch.randn(shape, generator=gen)).double()
-    body = (torch.randn(shape, generator=gen).double() * 100 * scale).clamp(-448 * scale, 448 * scale)
+    body = (torch.randn(shape, generator=gen).double() * 100 * scale).clamp(
+        -448 * scale, 448 * scale
+    )
     tile = torch.where(torch.rand(shape, generator=gen) < 0.125, ties, body)
     tile[..., :1] = 448 * scale  # pins the amax, so the scale is exactly 7 * 2**k
     x = torch.where(tie, tile.float(), x)
     amax = x.abs().amax(-1, keepdim=True)
-    near = amax * (0.97 + 0.03 * torch.rand(shape, generator=gen)) * torch.sign(torch.randn(shape, generator=gen))
+    near = (
+        amax
+        * (0.97 + 0.03 * torch.rand(shape, generator=gen))
+        * torch.sign(torch.randn(shape, generator=gen))
+    )
     x = torch.where((r >= 0.03) & (r < 0.05), near, x)
     pick = torch.randint(0, g.TILE, shape[:2], generator=gen)
     x.scatter_(-1, pick.unsqueeze(-1), -amax)  # one exact -amax per tile: x / scale == -448
@@ -160,7 +179,11 @@ def make_inputs(case: LayoutCase, device: torch.device | str = "cpu") -> LayoutI
     gen = torch.Generator().manual_seed(case.seed)
     t, bs = case.tokens, case.block_size
     reqs = max(1, min(case.requests, t))
-    cuts = torch.sort(torch.randperm(max(t - 1, 1), generator=gen)[: reqs - 1] + 1).values if reqs > 1 else torch.tensor([], dtype=torch.long)
+    cuts = (
+        torch.sort(torch.randperm(max(t - 1, 1), generator=gen)[: reqs - 1] + 1).values
+        if reqs > 1
+        else torch.tensor([], dtype=torch.long)
+    )
     bounds = torch.cat([torch.tensor([0]), cuts, torch.tensor([t])])
     lengths = (bounds[1:] - bounds[:-1]).tolist()
     blocks_per_req = [-(-n // bs) + 1 for n in lengths]  # one spare block each
@@ -180,11 +203,17 @@ def make_inputs(case: LayoutCase, device: torch.device | str = "cpu") -> LayoutI
     slot_mapping = torch.where(skip, torch.full_like(slot_mapping, -1), slot_mapping)
     # Gather windows: request r reads n_r positions starting at seq_starts[r] (within its blocks).
     seq_starts = torch.tensor([int(torch.randint(0, bs, (1,), generator=gen)) for _ in range(reqs)])
-    spans = [min(n, nb * bs - int(s)) for n, nb, s in zip(lengths, blocks_per_req, seq_starts.tolist(), strict=True)]
+    spans = [
+        min(n, nb * bs - int(s))
+        for n, nb, s in zip(lengths, blocks_per_req, seq_starts.tolist(), strict=True)
+    ]
     workspace_starts = torch.tensor([0, *np.cumsum(spans)[:-1].tolist()], dtype=torch.int32)
 
     latent = adversarial_latent(t, gen)
-    rope = (torch.randn(t, g.ROPE_DIM, generator=gen) * torch.pow(10.0, torch.rand(t, 1, generator=gen) * 4 - 2)).to(torch.bfloat16)
+    rope = (
+        torch.randn(t, g.ROPE_DIM, generator=gen)
+        * torch.pow(10.0, torch.rand(t, 1, generator=gen) * 4 - 2)
+    ).to(torch.bfloat16)
     width = g.LATENT_DIM + (g.ROPE_DIM if case.rope_dim else 0)
     if case.strided_inputs:
         buf = torch.empty(t, width + 64, dtype=torch.bfloat16)
@@ -207,11 +236,17 @@ def make_inputs(case: LayoutCase, device: torch.device | str = "cpu") -> LayoutI
     )
 
 
-def guarded_cache(num_blocks: int, block_size: int, row_bytes: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+def guarded_cache(
+    num_blocks: int, block_size: int, row_bytes: int, device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(storage, cache): a sentinel-filled cache view with GUARD_ROWS rows of margin each side."""
     rows = num_blocks * block_size
-    storage = torch.full(((rows + 2 * GUARD_ROWS) * row_bytes,), SENTINEL, dtype=torch.uint8, device=device)
-    cache = storage[GUARD_ROWS * row_bytes : (GUARD_ROWS + rows) * row_bytes].view(num_blocks, block_size, row_bytes)
+    storage = torch.full(
+        ((rows + 2 * GUARD_ROWS) * row_bytes,), SENTINEL, dtype=torch.uint8, device=device
+    )
+    cache = storage[GUARD_ROWS * row_bytes : (GUARD_ROWS + rows) * row_bytes].view(
+        num_blocks, block_size, row_bytes
+    )
     return storage, cache
 
 
@@ -261,23 +296,38 @@ def independent_gather(rows: np.ndarray, rope_dim: int) -> np.ndarray:
 # ---------------------------------------------------------------- checks
 
 
-def run_case(case: LayoutCase, writer: Writer, gatherer: Gatherer, device="cpu") -> list[CheckResult]:
+def run_case(
+    case: LayoutCase, writer: Writer, gatherer: Gatherer, device="cpu"
+) -> list[CheckResult]:
     """Write the case's rows with `writer`, gather with `gatherer`, run every check."""
     inputs = make_inputs(case, device)
     storage, cache = guarded_cache(inputs.num_blocks, case.block_size, case.row_bytes, device)
     writer(cache, inputs.kv_c, inputs.k_pe, inputs.slot_mapping, case.scale_format)
-    gathered = gatherer(cache, inputs.block_table, inputs.workspace_starts, inputs.total_rows, case.rope_dim, inputs.seq_starts)
+    gathered = gatherer(
+        cache,
+        inputs.block_table,
+        inputs.workspace_starts,
+        inputs.total_rows,
+        case.rope_dim,
+        inputs.seq_starts,
+    )
     return check_written(case, inputs, storage, gathered)
 
 
-def check_written(case: LayoutCase, inputs: LayoutInputs, storage: torch.Tensor, gathered: torch.Tensor) -> list[CheckResult]:
+def check_written(
+    case: LayoutCase, inputs: LayoutInputs, storage: torch.Tensor, gathered: torch.Tensor
+) -> list[CheckResult]:
     """Every check of one case, given the cache storage after the write and the gather output."""
     rb = case.row_bytes
     flat = storage.cpu().numpy().reshape(-1, rb)
     guard = np.concatenate([flat[:GUARD_ROWS], flat[-GUARD_ROWS:]])
     cache_rows = flat[GUARD_ROWS:-GUARD_ROWS]
     latent = inputs.kv_c.float().cpu().numpy()
-    rope = inputs.k_pe.cpu().contiguous().view(torch.int16).numpy().view(np.uint16) if inputs.k_pe is not None else None
+    rope = (
+        inputs.k_pe.cpu().contiguous().view(torch.int16).numpy().view(np.uint16)
+        if inputs.k_pe is not None
+        else None
+    )
     slots = inputs.slot_mapping.cpu().numpy().astype(np.int64)
 
     finite = np.isfinite(latent).all(axis=1)
@@ -289,11 +339,24 @@ def check_written(case: LayoutCase, inputs: LayoutInputs, storage: torch.Tensor,
     results = [_finite_check(finite)]
 
     scales = independent_scales(latent[tok], case.scale_format)
-    results.append(_rows_equal("scales exact", tok, rows[:, g.SCALE_OFFSET : g.ROPE_OFFSET], scales.view(np.uint8).reshape(-1, 16)))
+    results.append(
+        _rows_equal(
+            "scales exact",
+            tok,
+            rows[:, g.SCALE_OFFSET : g.ROPE_OFFSET],
+            scales.view(np.uint8).reshape(-1, 16),
+        )
+    )
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        scaled = (latent[tok].reshape(-1, g.N_TILES, g.TILE) / scales[:, :, None]).astype(np.float32)
+        scaled = (latent[tok].reshape(-1, g.N_TILES, g.TILE) / scales[:, :, None]).astype(
+            np.float32
+        )
     expected_latent = e4m3.encode(scaled).reshape(-1, g.LATENT_DIM)
-    results.append(_rows_equal("latent bytes = independent e4m3", tok, rows[:, : g.SCALE_OFFSET], expected_latent))
+    results.append(
+        _rows_equal(
+            "latent bytes = independent e4m3", tok, rows[:, : g.SCALE_OFFSET], expected_latent
+        )
+    )
     results.append(_tail_check(case, tok, rows, rope))
     results.append(_untouched_check(cache_rows, slots[slots >= 0], guard))
     results.append(_dequant_check(tok, rows, latent[tok], scales, scaled))
@@ -303,7 +366,11 @@ def check_written(case: LayoutCase, inputs: LayoutInputs, storage: torch.Tensor,
 
 def _finite_check(finite: np.ndarray) -> CheckResult:
     bad = np.nonzero(~finite)[0]
-    detail = "" if not bad.size else f"non-finite input in rows {bad[:5].tolist()}{' ...' if bad.size > 5 else ''}"
+    detail = (
+        ""
+        if not bad.size
+        else f"non-finite input in rows {bad[:5].tolist()}{' ...' if bad.size > 5 else ''}"
+    )
     return CheckResult("input finite", int(finite.size), not bad.size, None, detail)
 
 
@@ -314,21 +381,33 @@ def _rows_equal(name: str, tok: np.ndarray, got: np.ndarray, expected: np.ndarra
         return CheckResult(name, int(tok.size), True, 0.0)
     first = bad[0]
     col = int(np.nonzero(got[first] != expected[first])[0][0])
-    detail = (f"{bad.size} rows differ; first token {int(tok[first])} at byte/lane {col}: "
-              f"got {got[first, col]:#x}, expected {expected[first, col]:#x}")
+    detail = (
+        f"{bad.size} rows differ; first token {int(tok[first])} at byte/lane {col}: "
+        f"got {got[first, col]:#x}, expected {expected[first, col]:#x}"
+    )
     return CheckResult(name, int(tok.size), False, float(bad.size), detail)
 
 
-def _tail_check(case: LayoutCase, tok: np.ndarray, rows: np.ndarray, rope: np.ndarray | None) -> CheckResult:
+def _tail_check(
+    case: LayoutCase, tok: np.ndarray, rows: np.ndarray, rope: np.ndarray | None
+) -> CheckResult:
     if case.row_bytes == g.NOPE_ROW_BYTES:
-        return CheckResult("RoPE tail (528-byte rows: none)", int(tok.size), True, None, "no tail bytes in compact rows")
+        return CheckResult(
+            "RoPE tail (528-byte rows: none)",
+            int(tok.size),
+            True,
+            None,
+            "no tail bytes in compact rows",
+        )
     tail = rows[:, g.ROPE_OFFSET :]
     if case.rope_dim:
         return _rows_equal("RoPE tail bit-exact bf16", tok, tail.copy().view(np.uint16), rope[tok])
     return _rows_equal("NoPE tail zero", tok, tail, np.zeros_like(tail))
 
 
-def _untouched_check(cache_rows: np.ndarray, valid_slots: np.ndarray, guard: np.ndarray) -> CheckResult:
+def _untouched_check(
+    cache_rows: np.ndarray, valid_slots: np.ndarray, guard: np.ndarray
+) -> CheckResult:
     untouched = np.ones(cache_rows.shape[0], dtype=bool)
     untouched[valid_slots] = False
     changed = np.nonzero((cache_rows[untouched] != SENTINEL).any(axis=1))[0]
@@ -339,10 +418,18 @@ def _untouched_check(cache_rows: np.ndarray, valid_slots: np.ndarray, guard: np.
         detail = f"{changed.size} skipped/untouched slots were written, first slot {int(np.nonzero(untouched)[0][changed[0]])}"
     if guard_hit:
         detail += ("; " if detail else "") + "bytes outside the cache (guard rows) were written"
-    return CheckResult("skipped and untouched slots keep sentinel", int(untouched.sum()), passed, float(changed.size), detail)
+    return CheckResult(
+        "skipped and untouched slots keep sentinel",
+        int(untouched.sum()),
+        passed,
+        float(changed.size),
+        detail,
+    )
 
 
-def _dequant_check(tok: np.ndarray, rows: np.ndarray, latent: np.ndarray, scales: np.ndarray, scaled: np.ndarray) -> CheckResult:
+def _dequant_check(
+    tok: np.ndarray, rows: np.ndarray, latent: np.ndarray, scales: np.ndarray, scaled: np.ndarray
+) -> CheckResult:
     """|dequant(row) - x| <= scale * e4m3 half-ulp(x / scale) + bf16 half-ulp(result), per element.
 
     Reported worst value is the largest error / bound ratio (<= 1 passes). A NaN ratio (a NaN
@@ -356,28 +443,54 @@ def _dequant_check(tok: np.ndarray, rows: np.ndarray, latent: np.ndarray, scales
     x = latent.reshape(-1, g.N_TILES, g.TILE).astype(np.float64)
     # bf16 rounding: half an ulp relative (2**-9, doubled for the fp32 product's own rounding),
     # and half the bf16 subnormal spacing (2**-134) where the result is subnormal.
-    bound = scales[:, :, None].astype(np.float64) * e4m3.rounding_bound(scaled) + np.abs(deq) * 2.0**-8 + 2.0**-134
+    bound = (
+        scales[:, :, None].astype(np.float64) * e4m3.rounding_bound(scaled)
+        + np.abs(deq) * 2.0**-8
+        + 2.0**-134
+    )
     with np.errstate(invalid="ignore"):
         ratio = np.abs(deq - x) / bound
     ratio = np.where(np.isnan(ratio), np.inf, ratio)
     worst = float(ratio.max())
     bad = np.nonzero((~(ratio <= 1)).any(axis=(1, 2)))[0]
-    detail = "" if not bad.size else f"{bad.size} rows exceed the bound; first token {int(tok[bad[0]])}"
-    return CheckResult("dequant error within e4m3 bound", int(tok.size), not bad.size, worst, detail)
+    detail = (
+        "" if not bad.size else f"{bad.size} rows exceed the bound; first token {int(tok[bad[0]])}"
+    )
+    return CheckResult(
+        "dequant error within e4m3 bound", int(tok.size), not bad.size, worst, detail
+    )
 
 
-def _gather_check(case: LayoutCase, inputs: LayoutInputs, cache_rows: np.ndarray, gathered: torch.Tensor) -> CheckResult:
+def _gather_check(
+    case: LayoutCase, inputs: LayoutInputs, cache_rows: np.ndarray, gathered: torch.Tensor
+) -> CheckResult:
     name = "gather/upconvert bit-exact" + (", NoPE lanes zero" if not case.rope_dim else "")
     expected_shape = (inputs.total_rows, g.UPCONVERT_DIM)
     if tuple(gathered.shape) != expected_shape or gathered.dtype != torch.bfloat16:
-        return CheckResult(name, inputs.total_rows, False, None, f"output {gathered.dtype} {tuple(gathered.shape)}, expected bf16 {expected_shape}")
-    plan = rowformat.gather_plan(torch.from_numpy(cache_rows).view(inputs.num_blocks, case.block_size, case.row_bytes),
-                                 inputs.block_table.cpu(), inputs.workspace_starts.cpu(), inputs.total_rows,
-                                 case.rope_dim, inputs.seq_starts.cpu()).numpy()
+        return CheckResult(
+            name,
+            inputs.total_rows,
+            False,
+            None,
+            f"output {gathered.dtype} {tuple(gathered.shape)}, expected bf16 {expected_shape}",
+        )
+    plan = rowformat.gather_plan(
+        torch.from_numpy(cache_rows).view(inputs.num_blocks, case.block_size, case.row_bytes),
+        inputs.block_table.cpu(),
+        inputs.workspace_starts.cpu(),
+        inputs.total_rows,
+        case.rope_dim,
+        inputs.seq_starts.cpu(),
+    ).numpy()
     expected = independent_gather(cache_rows[plan], case.rope_dim)
     got = gathered.cpu().contiguous().view(torch.int16).numpy().view(np.uint16)
     both_nan = _bf16_nan(got) & _bf16_nan(expected)
-    return _rows_equal(name, np.arange(inputs.total_rows), np.where(both_nan, 0, got), np.where(both_nan, 0, expected))
+    return _rows_equal(
+        name,
+        np.arange(inputs.total_rows),
+        np.where(both_nan, 0, got),
+        np.where(both_nan, 0, expected),
+    )
 
 
 def _bf16_nan(bits: np.ndarray) -> np.ndarray:
@@ -428,7 +541,9 @@ class LayoutReport:
         return all(r["passed"] for r in self.rows)
 
 
-def verify_layout(cases: list[LayoutCase], impl_names: list[str], progress: Callable[[str], None] | None = None) -> LayoutReport:
+def verify_layout(
+    cases: list[LayoutCase], impl_names: list[str], progress: Callable[[str], None] | None = None
+) -> LayoutReport:
     """Run every case through every requested implementation that this machine can run."""
     from nopebench.errors import UnsupportedError
 

@@ -65,14 +65,24 @@ class PaddingCase:
     seed: int
 
 
-def model_case(cfg: ModelConfig, query_tokens: int, seed: int, rope_dim: int | None = None) -> PaddingCase:
+def model_case(
+    cfg: ModelConfig, query_tokens: int, seed: int, rope_dim: int | None = None
+) -> PaddingCase:
     rope_dim = cfg.qk_rope_head_dim if rope_dim is None else rope_dim
     case_id = f"{cfg.name}-T{query_tokens}-H{cfg.heads_per_gpu}-W{cfg.topk_width}-rope{rope_dim}"
     return PaddingCase(
-        case_id=case_id, query_tokens=query_tokens, heads=cfg.heads_per_gpu, topk_width=cfg.topk_width,
-        active=cfg.max_active, rope_dim=rope_dim, real_rope=not cfg.nope, block_size=cfg.block_size,
-        row_bytes=g.FULL_ROW_BYTES if rope_dim else cfg.row_bytes, softmax_scale=cfg.softmax_scale,
-        kv_scale_format=cfg.kv_scale_format, empty_rows=min(EMPTY_ROWS, query_tokens - 1),
+        case_id=case_id,
+        query_tokens=query_tokens,
+        heads=cfg.heads_per_gpu,
+        topk_width=cfg.topk_width,
+        active=cfg.max_active,
+        rope_dim=rope_dim,
+        real_rope=not cfg.nope,
+        block_size=cfg.block_size,
+        row_bytes=g.FULL_ROW_BYTES if rope_dim else cfg.row_bytes,
+        softmax_scale=cfg.softmax_scale,
+        kv_scale_format=cfg.kv_scale_format,
+        empty_rows=min(EMPTY_ROWS, query_tokens - 1),
         seed=seed + zlib.crc32(case_id.encode()),
     )
 
@@ -91,35 +101,57 @@ def build_problem(case: PaddingCase, device: torch.device) -> DecodeProblem:
     # bf16 before P @ V, and with sharper attention FlashInfer's own fa3 misses that rule too
     # (measured on the H200, results/reference/), while the cosine check still passes.
     kv_c = torch.randn(slots, g.LATENT_DIM, generator=gen).to(torch.bfloat16)
-    k_pe = torch.randn(slots, g.ROPE_DIM, generator=gen).to(torch.bfloat16) if case.real_rope else None
+    k_pe = (
+        torch.randn(slots, g.ROPE_DIM, generator=gen).to(torch.bfloat16) if case.real_rope else None
+    )
     cache = torch.full((num_blocks, bs, case.row_bytes), POISON, dtype=torch.uint8)
-    cache.view(-1, case.row_bytes)[:slots] = rowformat.pack_rows(kv_c, k_pe, case.kv_scale_format, case.row_bytes)
-    block_table = torch.stack([torch.randperm(num_blocks - 1, generator=gen)[:logical_blocks] for _ in range(REQUESTS)])
+    cache.view(-1, case.row_bytes)[:slots] = rowformat.pack_rows(
+        kv_c, k_pe, case.kv_scale_format, case.row_bytes
+    )
+    block_table = torch.stack(
+        [torch.randperm(num_blocks - 1, generator=gen)[:logical_blocks] for _ in range(REQUESTS)]
+    )
     block_table = torch.cat([block_table, torch.full((REQUESTS, 1), -1)], dim=1).to(torch.int32)
-    positions = torch.rand(case.query_tokens, seq_len, generator=gen).argsort(dim=1)[:, : case.active]
+    positions = torch.rand(case.query_tokens, seq_len, generator=gen).argsort(dim=1)[
+        :, : case.active
+    ]
     logical = torch.full((case.query_tokens, case.topk_width), -1, dtype=torch.int32)
     logical[:, : case.active] = positions.to(torch.int32)
     logical[case.query_tokens - case.empty_rows :] = -1
     req_of_token = torch.arange(case.query_tokens, dtype=torch.int32) % REQUESTS
     indices = metadata.logical_to_physical(logical, block_table, req_of_token, bs, num_blocks)
-    q = torch.randn(case.query_tokens, case.heads, g.qk_dim(case.rope_dim), generator=gen).clamp(-1, 1).to(torch.bfloat16)
+    q = (
+        torch.randn(case.query_tokens, case.heads, g.qk_dim(case.rope_dim), generator=gen)
+        .clamp(-1, 1)
+        .to(torch.bfloat16)
+    )
     if case.rope_dim and not case.real_rope:
         q[..., g.LATENT_DIM :] = 0
-    return DecodeProblem(q.to(device), cache.to(device), indices.to(device), case.softmax_scale, case.rope_dim,
-                         case.kv_scale_format)
+    return DecodeProblem(
+        q.to(device),
+        cache.to(device),
+        indices.to(device),
+        case.softmax_scale,
+        case.rope_dim,
+        case.kv_scale_format,
+    )
 
 
 def compact_problem(problem: DecodeProblem) -> DecodeProblem:
     """The same step over exactly the valid entries: W = the largest active length."""
     counts = metadata.valid_counts(problem.indices)
     width = max(1, int(counts.max()))
-    return dataclasses.replace(problem, indices=metadata.compact_to_front(problem.indices)[:, :width].contiguous())
+    return dataclasses.replace(
+        problem, indices=metadata.compact_to_front(problem.indices)[:, :width].contiguous()
+    )
 
 
 def shuffled_problem(problem: DecodeProblem, seed: int) -> DecodeProblem:
     """The same step with every row's entries, -1 included, in a random order."""
     gen = torch.Generator().manual_seed(seed)
-    perm = torch.rand(problem.indices.shape, generator=gen).argsort(dim=1).to(problem.indices.device)
+    perm = (
+        torch.rand(problem.indices.shape, generator=gen).argsort(dim=1).to(problem.indices.device)
+    )
     return dataclasses.replace(problem, indices=torch.gather(problem.indices, 1, perm).contiguous())
 
 
@@ -136,13 +168,22 @@ def row(check: str, impl: str, passed: bool | None, detail: str, **fields: Any) 
     if unknown:
         raise ValueError(f"unknown row fields {sorted(unknown)}")
     result = "skipped" if passed is None else ("passed" if passed else "failed")
-    return {"check": check, "impl": impl, **{k: fields.get(k) for k in ROW_FIELDS}, "result": result, "detail": detail}
+    return {
+        "check": check,
+        "impl": impl,
+        **{k: fields.get(k) for k in ROW_FIELDS},
+        "result": result,
+        "detail": detail,
+    }
 
 
 def case_label(r: dict[str, Any]) -> str:
     """The case columns of a row as one display cell (display only; records keep the fields)."""
-    parts = [r.get("layout"), r.get("sizing") and f"{r['sizing']} sizing",
-             r.get("sparse_mla_top_k") and f"sparse_mla_top_k={r['sparse_mla_top_k']}"]
+    parts = [
+        r.get("layout"),
+        r.get("sizing") and f"{r['sizing']} sizing",
+        r.get("sparse_mla_top_k") and f"sparse_mla_top_k={r['sparse_mla_top_k']}",
+    ]
     return ", ".join(p for p in parts if p) or "-"
 
 
@@ -167,28 +208,60 @@ def width_facts(index_topk: int, kpool: int) -> dict[str, Any]:
     width = g.topk_buffer_width(index_topk, kpool)
     active = g.max_active_topk(index_topk, kpool)
     prefix = metadata.prefix_sizing(index_topk, width)
-    return {"index_topk": index_topk, "kpool": kpool, "max_active": active, "width": width,
-            "pre_fix_sparse_mla_top_k": prefix.sparse_mla_top_k, "pre_fix_fits": prefix.mismatch() is None,
-            "width_ok": width % g.TOPK_ALIGN == 0 and active <= width < active + g.TOPK_ALIGN}
+    return {
+        "index_topk": index_topk,
+        "kpool": kpool,
+        "max_active": active,
+        "width": width,
+        "pre_fix_sparse_mla_top_k": prefix.sparse_mla_top_k,
+        "pre_fix_fits": prefix.mismatch() is None,
+        "width_ok": width % g.TOPK_ALIGN == 0 and active <= width < active + g.TOPK_ALIGN,
+    }
 
 
 def width_checks(cfg: ModelConfig) -> tuple[list[dict], list[dict]]:
     """Rows for the model's width and sizing, and the grid table (also one row)."""
     facts = width_facts(cfg.index_topk, cfg.index_kpool)
-    rows = [row("buffer-width", "-", facts["width_ok"],
-                f"round_up({cfg.index_topk} + {cfg.index_kpool} - 1, {g.TOPK_ALIGN}) = {facts['width']}; "
-                f"at most {facts['max_active']} active, the rest -1")]
+    rows = [
+        row(
+            "buffer-width",
+            "-",
+            facts["width_ok"],
+            f"round_up({cfg.index_topk} + {cfg.index_kpool} - 1, {g.TOPK_ALIGN}) = {facts['width']}; "
+            f"at most {facts['max_active']} active, the rest -1",
+        )
+    ]
     buffer = torch.full((1, cfg.topk_width), -1, dtype=torch.int32)
     fixed = metadata.sizing_from_buffer(buffer)
     prefix = metadata.prefix_sizing(cfg.index_topk, cfg.topk_width)
-    rows.append(row("sizing", "-", fixed.mismatch() is None and fixed.buffer_width == cfg.topk_width,
-                    f"fixed: sparse_mla_top_k = max_seq_len = {fixed.sparse_mla_top_k} (buffer shape[1]); "
-                    f"pre-fix: {prefix.sparse_mla_top_k} ({prefix.mismatch() or 'the same'})"))
+    rows.append(
+        row(
+            "sizing",
+            "-",
+            fixed.mismatch() is None and fixed.buffer_width == cfg.topk_width,
+            f"fixed: sparse_mla_top_k = max_seq_len = {fixed.sparse_mla_top_k} (buffer shape[1]); "
+            f"pre-fix: {prefix.sparse_mla_top_k} ({prefix.mismatch() or 'the same'})",
+        )
+    )
     grid = [width_facts(t, k) for t in GRID_TOPK for k in GRID_KPOOL]
-    bad = [f"{f['index_topk']}/{f['kpool']}" for f in grid if not f["width_ok"] or f["pre_fix_fits"] != (f["width"] == f["index_topk"])]
-    rows.append(row("width-grid", "-", not bad,
-                    f"index_topk {GRID_TOPK} x kpool {GRID_KPOOL}: " + (f"wrong for {bad}" if bad else
-                    f"{sum(not f['pre_fix_fits'] for f in grid)} of {len(grid)} need the fix")))
+    bad = [
+        f"{f['index_topk']}/{f['kpool']}"
+        for f in grid
+        if not f["width_ok"] or f["pre_fix_fits"] != (f["width"] == f["index_topk"])
+    ]
+    rows.append(
+        row(
+            "width-grid",
+            "-",
+            not bad,
+            f"index_topk {GRID_TOPK} x kpool {GRID_KPOOL}: "
+            + (
+                f"wrong for {bad}"
+                if bad
+                else f"{sum(not f['pre_fix_fits'] for f in grid)} of {len(grid)} need the fix"
+            ),
+        )
+    )
     return rows, grid
 
 
@@ -201,13 +274,26 @@ def validation_rows(cfg: ModelConfig, check: str = "flashinfer-sm120-validation"
     buffer = torch.full((1, cfg.topk_width), -1, dtype=torch.int32)
     # What must happen is stated from the config alone: the backend's sizing is accepted; the
     # pre-fix sizing is rejected exactly when kpool widens the buffer past index_topk.
-    cases = ((metadata.sizing_from_buffer(buffer), True),
-             (metadata.prefix_sizing(cfg.index_topk, cfg.topk_width), cfg.topk_width == cfg.index_topk))
+    cases = (
+        (metadata.sizing_from_buffer(buffer), True),
+        (metadata.prefix_sizing(cfg.index_topk, cfg.topk_width), cfg.topk_width == cfg.index_topk),
+    )
     for layout in flashinfer_validation.layouts_for(cfg):
         for sizing, expect_accept in cases:
-            verdict = flashinfer_validation.validate_sizing(layout, cfg.heads_per_gpu, sizing, expect_accept)
-            rows.append(row(check, "flashinfer", verdict.passed, f"flashinfer-python {version}: {verdict.detail}", layout=layout.name,
-                            sizing=sizing.rule, sparse_mla_top_k=sizing.sparse_mla_top_k))
+            verdict = flashinfer_validation.validate_sizing(
+                layout, cfg.heads_per_gpu, sizing, expect_accept
+            )
+            rows.append(
+                row(
+                    check,
+                    "flashinfer",
+                    verdict.passed,
+                    f"flashinfer-python {version}: {verdict.detail}",
+                    layout=layout.name,
+                    sizing=sizing.rule,
+                    sparse_mla_top_k=sizing.sparse_mla_top_k,
+                )
+            )
     return rows
 
 
@@ -221,8 +307,13 @@ def run_impl(problem: DecodeProblem, impl: str, registry: dict[str, ImplSpec]) -
     return result
 
 
-def padding_rows(spec: ImplSpec, problem: DecodeProblem, registry: dict[str, ImplSpec], seed: int,
-                 reference: torch.Tensor) -> list[dict]:
+def padding_rows(
+    spec: ImplSpec,
+    problem: DecodeProblem,
+    registry: dict[str, ImplSpec],
+    seed: int,
+    reference: torch.Tensor,
+) -> list[dict]:
     """The three -1 padding checks for one implementation (the kernel runs before any
     comparison; `reference` is the reference over exactly the valid entries)."""
     name = spec.name
@@ -234,19 +325,50 @@ def padding_rows(spec: ImplSpec, problem: DecodeProblem, registry: dict[str, Imp
     tol = spec.tolerance.kwargs()
     to_ref, to_compact = compare.close(wide, reference, **tol), compare.close(wide, compact, **tol)
     ok = to_ref.passed and to_compact.passed
-    rows = [row("padding-bounds-active", name, ok,
-                f"W={width} ({active} active, -1 tail) vs exactly the valid entries (W={active}): "
-                f"vs reference {to_ref.detail}; vs itself compact {to_compact.detail}",
-                max_abs_err=max(to_ref.max_abs_err, to_compact.max_abs_err), cos_diff=to_ref.cos_diff)]
+    rows = [
+        row(
+            "padding-bounds-active",
+            name,
+            ok,
+            f"W={width} ({active} active, -1 tail) vs exactly the valid entries (W={active}): "
+            f"vs reference {to_ref.detail}; vs itself compact {to_compact.detail}",
+            max_abs_err=max(to_ref.max_abs_err, to_compact.max_abs_err),
+            cos_diff=to_ref.cos_diff,
+        )
+    ]
     empty = counts == 0
     empty_out = wide[empty]
-    zero = bool(torch.isfinite(empty_out).all()) and float(empty_out.abs().max()) == 0.0 if empty_out.numel() else None
-    rows.append(row("empty-rows-zero", name, zero,
-                    f"{int(empty.sum())} rows with no valid entry: " + ("all exactly zero" if zero else
-                    "no such row in this case" if zero is None else f"max |out| {float(empty_out.float().abs().max()):.4g}")))
+    zero = (
+        bool(torch.isfinite(empty_out).all()) and float(empty_out.abs().max()) == 0.0
+        if empty_out.numel()
+        else None
+    )
+    rows.append(
+        row(
+            "empty-rows-zero",
+            name,
+            zero,
+            f"{int(empty.sum())} rows with no valid entry: "
+            + (
+                "all exactly zero"
+                if zero
+                else "no such row in this case"
+                if zero is None
+                else f"max |out| {float(empty_out.float().abs().max()):.4g}"
+            ),
+        )
+    )
     shuf = compare.close(shuffled, wide, **tol)
-    rows.append(row("shuffled-padding", name, shuf.passed, f"-1 positions shuffled within rows: {shuf.detail}",
-                    max_abs_err=shuf.max_abs_err, cos_diff=shuf.cos_diff))
+    rows.append(
+        row(
+            "shuffled-padding",
+            name,
+            shuf.passed,
+            f"-1 positions shuffled within rows: {shuf.detail}",
+            max_abs_err=shuf.max_abs_err,
+            cos_diff=shuf.cos_diff,
+        )
+    )
     return rows
 
 
@@ -259,8 +381,11 @@ def decode_checks(cfg: ModelConfig, seed: int, registry: dict[str, ImplSpec]) ->
     ok_specs, refused = impl_registry.runnable(problem, registry)
     rows = []
     for spec in ok_specs:
-        rows += guarded("padding-bounds-active", spec.name,
-                        lambda spec=spec: padding_rows(spec, problem, registry, case.seed + 1, reference))
+        rows += guarded(
+            "padding-bounds-active",
+            spec.name,
+            lambda spec=spec: padding_rows(spec, problem, registry, case.seed + 1, reference),
+        )
     rows += [row("decode-padding", name, None, reason) for name, reason in refused.items()]
     return rows
 
@@ -279,12 +404,15 @@ def graph_rows(cfg: ModelConfig, seed: int, registry: dict[str, ImplSpec]) -> li
         return rows or [row(check, "-", None, "no GPU implementation runs on this machine")]
     reference = run_impl(problem, "reference", registry).out
     for spec in gpu_specs:
-        rows += guarded(check, spec.name, lambda spec=spec: [capture_replay(spec, problem, registry, reference)])
+        rows += guarded(
+            check, spec.name, lambda spec=spec: [capture_replay(spec, problem, registry, reference)]
+        )
     return rows
 
 
-def capture_replay(spec: ImplSpec, problem: DecodeProblem, registry: dict[str, ImplSpec],
-                   reference: torch.Tensor) -> dict:
+def capture_replay(
+    spec: ImplSpec, problem: DecodeProblem, registry: dict[str, ImplSpec], reference: torch.Tensor
+) -> dict:
     run = impl_registry.prepare(problem, spec.name, registry)
     eager = run().out.clone()
     side = torch.cuda.Stream()
@@ -301,10 +429,15 @@ def capture_replay(spec: ImplSpec, problem: DecodeProblem, registry: dict[str, I
     replay = compare.close(captured.out, eager)
     to_ref = compare.close(eager, reference, **spec.tolerance.kwargs())
     exact = bool(torch.equal(captured.out, eager))
-    return row("cuda-graph-capture", spec.name, replay.passed and to_ref.passed,
-               f"T={problem.tokens} H={problem.heads} W={problem.width}: captured and replayed; replay vs eager "
-               f"{'bit-exact' if exact else replay.detail}; eager vs reference {to_ref.detail}",
-               max_abs_err=replay.max_abs_err, cos_diff=to_ref.cos_diff)
+    return row(
+        "cuda-graph-capture",
+        spec.name,
+        replay.passed and to_ref.passed,
+        f"T={problem.tokens} H={problem.heads} W={problem.width}: captured and replayed; replay vs eager "
+        f"{'bit-exact' if exact else replay.detail}; eager vs reference {to_ref.detail}",
+        max_abs_err=replay.max_abs_err,
+        cos_diff=to_ref.cos_diff,
+    )
 
 
 # --- DeepSeek-V3.2 control ---------------------------------------------------------------------
@@ -315,14 +448,24 @@ def control_rows() -> list[dict]:
     fixed = metadata.sizing_from_buffer(cfg.topk_width)
     prefix = metadata.prefix_sizing(cfg.index_topk, cfg.topk_width)
     same = cfg.topk_width == cfg.index_topk and (fixed.sparse_mla_top_k, fixed.max_seq_len) == (
-        prefix.sparse_mla_top_k, prefix.max_seq_len)
-    rows = [row("dsv32-control", "-", same,
-                f"{cfg.name}: width {cfg.topk_width}, index_topk {cfg.index_topk}; fixed and pre-fix sizing "
-                f"{'agree' if same else 'differ'} ({fixed.sparse_mla_top_k} / {prefix.sparse_mla_top_k})")]
+        prefix.sparse_mla_top_k,
+        prefix.max_seq_len,
+    )
+    rows = [
+        row(
+            "dsv32-control",
+            "-",
+            same,
+            f"{cfg.name}: width {cfg.topk_width}, index_topk {cfg.index_topk}; fixed and pre-fix sizing "
+            f"{'agree' if same else 'differ'} ({fixed.sparse_mla_top_k} / {prefix.sparse_mla_top_k})",
+        )
+    ]
     return rows + validation_rows(cfg, check="dsv32-control")
 
 
-def run_checks(cfg: ModelConfig, seed: int, registry: dict[str, ImplSpec] | None = None) -> dict[str, Any]:
+def run_checks(
+    cfg: ModelConfig, seed: int, registry: dict[str, ImplSpec] | None = None
+) -> dict[str, Any]:
     """Every check for one model: {'rows', 'width_table', 'implementations'}."""
     registry = impl_registry.implementations() if registry is None else registry
     steps: list[tuple[str, Callable[[], list[dict]]]] = [
@@ -342,10 +485,17 @@ def run_checks(cfg: ModelConfig, seed: int, registry: dict[str, ImplSpec] | None
 def implementation_table(registry: dict[str, ImplSpec]) -> list[dict]:
     """Which implementations this machine can run at all (a tiny problem on the GPU if any)."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    probe = DecodeProblem(torch.zeros(1, 1, g.LATENT_DIM, dtype=torch.bfloat16, device=device),
-                          torch.zeros(1, 64, g.FULL_ROW_BYTES, dtype=torch.uint8, device=device),
-                          torch.full((1, 128), -1, dtype=torch.int32, device=device), 1.0, 0)
-    return [{"impl": s.name, "description": s.description, "refusal": s.unsupported(probe)} for s in registry.values()]
+    probe = DecodeProblem(
+        torch.zeros(1, 1, g.LATENT_DIM, dtype=torch.bfloat16, device=device),
+        torch.zeros(1, 64, g.FULL_ROW_BYTES, dtype=torch.uint8, device=device),
+        torch.full((1, 128), -1, dtype=torch.int32, device=device),
+        1.0,
+        0,
+    )
+    return [
+        {"impl": s.name, "description": s.description, "refusal": s.unsupported(probe)}
+        for s in registry.values()
+    ]
 
 
 def passed(rows: list[dict]) -> bool:

@@ -14,7 +14,9 @@ from nopebench.records import RunDir, write_csv, write_json
 def execute(opts: BenchCacheOptions) -> int:
     sizes = opts.token_counts()
     if not torch.cuda.is_available():
-        raise UnsupportedError("bench-cache times CUDA kernels and needs a CUDA GPU; none is visible")
+        raise UnsupportedError(
+            "bench-cache times CUDA kernels and needs a CUDA GPU; none is visible"
+        )
     from nopebench.cache_kernels.library import load_library
 
     load_library(torch.device("cuda"))  # build (or load) before anything is timed
@@ -40,14 +42,40 @@ def print_table(rows: list[dict], summary: dict) -> None:
     for r in (r for r in rows if r["impl"] == "cuda"):
         ref = torch_rows.get((r["op"], r["variant"], r["tokens"]), {})
         check = out.verdict(bool(r.get("check_passed")) and not r.get("error"))
-        table_rows.append((r["op"], r["variant"], r["tokens"], r.get("median_ms"), r.get("gbps"), r.get("pct_copy"),
-                           ref.get("gbps"), r.get("speedup"), check, ref.get("check_passed"), r.get("error") or ""))
-    columns = ["op", "rows", "T", "cuda ms", "cuda GB/s", "% copy", "torch GB/s", "speed-up", "cuda = ref",
-               "torch gpu = ref", "error"]
+        table_rows.append(
+            (
+                r["op"],
+                r["variant"],
+                r["tokens"],
+                r.get("median_ms"),
+                r.get("gbps"),
+                r.get("pct_copy"),
+                ref.get("gbps"),
+                r.get("speedup"),
+                check,
+                ref.get("check_passed"),
+                r.get("error") or "",
+            )
+        )
+    columns = [
+        "op",
+        "rows",
+        "T",
+        "cuda ms",
+        "cuda GB/s",
+        "% copy",
+        "torch GB/s",
+        "speed-up",
+        "cuda = ref",
+        "torch gpu = ref",
+        "error",
+    ]
     title = f"bench-cache: copy {summary['copy_gbps']:.0f} GB/s (read + write)"
     out.console.print(out.table(title, columns, table_rows))
     met = summary["targets_met"]
     if met:
         missed = [k for k, ok in met.items() if not ok]
         line = "all met" if not missed else f"missed: {', '.join(missed)}"
-        out.console.print(f"targets at T >= {cache.TARGET_MIN_TOKENS} (>= {cache.TARGET_PCT_COPY:.0f}% of copy, >= {cache.TARGET_SPEEDUP:.0f}x torch): {line}")
+        out.console.print(
+            f"targets at T >= {cache.TARGET_MIN_TOKENS} (>= {cache.TARGET_PCT_COPY:.0f}% of copy, >= {cache.TARGET_SPEEDUP:.0f}x torch): {line}"
+        )

@@ -40,7 +40,9 @@ def read_baseline(path: Path | None) -> pd.DataFrame | None:
         raise UsageError(f"--baseline {path}: cannot read as CSV ({type(exc).__name__})") from None
     missing = {"case", "impl", "median_ms", "spread", "error"} - set(base.columns)
     if missing:
-        raise UsageError(f"--baseline {path}: not a bench-decode results.csv (missing {', '.join(sorted(missing))})")
+        raise UsageError(
+            f"--baseline {path}: not a bench-decode results.csv (missing {', '.join(sorted(missing))})"
+        )
     return base
 
 
@@ -53,8 +55,10 @@ def execute(opts: BenchDecodeOptions) -> int:
     base = read_baseline(opts.baseline)
     quick = opts.quick
     if not torch.cuda.is_available():
-        raise UnsupportedError("bench-decode times GPU kernels and needs a CUDA GPU; none is visible "
-                               "(check-pagetable runs the decode checks on CPU)")
+        raise UnsupportedError(
+            "bench-decode times GPU kernels and needs a CUDA GPU; none is visible "
+            "(check-pagetable runs the decode checks on CPU)"
+        )
     cases = grid(cfg, quick)
     budget = cfg.quick.budget_s if quick and cfg.quick else cfg.timing.budget_s
     run = RunDir.create("bench-decode", opts.output.results_dir)
@@ -70,7 +74,10 @@ def execute(opts: BenchDecodeOptions) -> int:
     write_csv(run.file("results.csv"), df.to_dict("records"))
     write_csv(run.file("nope_speedup.csv"), speedups.to_dict("records"))
     summary = {
-        "config": cfg.model_dump(), "quick": quick, "impls": impls, "ceilings": ceil.as_row(),
+        "config": cfg.model_dump(),
+        "quick": quick,
+        "impls": impls,
+        "ceilings": ceil.as_row(),
         "criteria": [c.as_row() for c in crit],
         "all_checks_passed": bool(crit[-1].passed),
         "regressions": int(df["regression"].sum()) if "regression" in df else None,
@@ -87,11 +94,17 @@ def execute(opts: BenchDecodeOptions) -> int:
 
 
 def _ms(value: float | None) -> str:
-    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.4f}"
+    return (
+        "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.4f}"
+    )
 
 
-def print_tables(df: pd.DataFrame, crit: list[acceptance.Criterion], speedups: pd.DataFrame, ceil: dict) -> None:
-    out.console.print(f"ceilings: copy {ceil['copy_gbps']:.0f} GB/s, bf16 matmul {ceil['matmul_tflops']:.0f} TFLOP/s")
+def print_tables(
+    df: pd.DataFrame, crit: list[acceptance.Criterion], speedups: pd.DataFrame, ceil: dict
+) -> None:
+    out.console.print(
+        f"ceilings: copy {ceil['copy_gbps']:.0f} GB/s, bf16 matmul {ceil['matmul_tflops']:.0f} TFLOP/s"
+    )
     impls = list(dict.fromkeys(df.impl))
     rows = []
     for case_id, g in df.groupby("case", sort=False):
@@ -105,7 +118,9 @@ def print_tables(df: pd.DataFrame, crit: list[acceptance.Criterion], speedups: p
             else:
                 cells.append(f"{_ms(r['median_ms'])} ({r['pct_roofline']:.0f}%)")
         rows.append([case_id, *cells])
-    out.console.print(out.table("decode latency, median ms (% of roofline)", ["case", *impls], rows))
+    out.console.print(
+        out.table("decode latency, median ms (% of roofline)", ["case", *impls], rows)
+    )
     skipped = df[df.skipped.notna()].drop_duplicates("impl") if "skipped" in df else df.iloc[0:0]
     for _, r in skipped.iterrows():
         out.console.print(f"[dim]{r.impl}: {r.skipped}[/]", highlight=False)
@@ -114,17 +129,50 @@ def print_tables(df: pd.DataFrame, crit: list[acceptance.Criterion], speedups: p
         out.console.print(f"[red]{r.case} {r.impl}: {r.error}[/]", highlight=False)
     if not speedups.empty:
         sp = speedups[speedups.impl == "native"] if (speedups.impl == "native").any() else speedups
-        out.console.print(out.table("NoPE speed-up over the zero-padded shim (shim ms / NoPE ms)",
-                                    ["impl", "heads", "tokens", "width", "NoPE ms", "shim ms", "speed-up"],
-                                    [[r.impl, r.heads, r.query_tokens, r.width, _ms(r.nope_ms), _ms(r.shim_ms),
-                                      f"{r.nope_speedup:.3f}x"] for r in sp.itertuples()]))
-    out.console.print(out.table("issue 5 acceptance (512 tokens, width 2176, 2051 active)",
-                                ["criterion", "measured", "spread", "target", "result"],
-                                [[c.name, c.measured, acceptance.spread_band(c), c.target,
-                                  out.verdict(c.passed) + (" [yellow](within spread)[/]" if c.within_spread else "")]
-                                 for c in crit]))
+        out.console.print(
+            out.table(
+                "NoPE speed-up over the zero-padded shim (shim ms / NoPE ms)",
+                ["impl", "heads", "tokens", "width", "NoPE ms", "shim ms", "speed-up"],
+                [
+                    [
+                        r.impl,
+                        r.heads,
+                        r.query_tokens,
+                        r.width,
+                        _ms(r.nope_ms),
+                        _ms(r.shim_ms),
+                        f"{r.nope_speedup:.3f}x",
+                    ]
+                    for r in sp.itertuples()
+                ],
+            )
+        )
+    out.console.print(
+        out.table(
+            "issue 5 acceptance (512 tokens, width 2176, 2051 active)",
+            ["criterion", "measured", "spread", "target", "result"],
+            [
+                [
+                    c.name,
+                    c.measured,
+                    acceptance.spread_band(c),
+                    c.target,
+                    out.verdict(c.passed)
+                    + (" [yellow](within spread)[/]" if c.within_spread else ""),
+                ]
+                for c in crit
+            ],
+        )
+    )
     if "regression" in df and df.regression.any():
         reg = df[df.regression]
-        out.console.print(out.table("regressions vs baseline", ["case", "impl", "ms", "baseline ms", "ratio"],
-                                    [[r.case, r.impl, _ms(r.median_ms), _ms(r.baseline_ms), f"{r.vs_baseline:.3f}"]
-                                     for r in reg.itertuples()]))
+        out.console.print(
+            out.table(
+                "regressions vs baseline",
+                ["case", "impl", "ms", "baseline ms", "ratio"],
+                [
+                    [r.case, r.impl, _ms(r.median_ms), _ms(r.baseline_ms), f"{r.vs_baseline:.3f}"]
+                    for r in reg.itertuples()
+                ],
+            )
+        )

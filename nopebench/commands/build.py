@@ -29,7 +29,9 @@ def execute(opts: BuildOptions, root=DEFAULT_ROOT) -> int:
     elif compile_only:
         targets = COMPILE_ONLY_TARGETS
     elif local is None:
-        raise UnsupportedError("no CUDA GPU is visible to build for: use --compile-only (sm_90a, sm_100a, sm_120a) or --arch LIST")
+        raise UnsupportedError(
+            "no CUDA GPU is visible to build for: use --compile-only (sm_90a, sm_100a, sm_120a) or --arch LIST"
+        )
     else:
         targets = (local,)
     try:
@@ -66,9 +68,21 @@ def build_native_hopper() -> int:
             builds = hopper_build.build_hopper(on_done=advance)
     except Exception as exc:  # noqa: BLE001 - Triton's compile errors have no common type
         summary = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-        raise BuildError(f"Triton failed to compile the native Hopper kernel: {summary}", str(exc), None) from None
-    rows = [(b.shape, "; ".join(b.problems) or "ok", b.seconds, b.registers, b.stack_bytes, b.shared_bytes,
-             b.planned_bytes) for b in builds]
+        raise BuildError(
+            f"Triton failed to compile the native Hopper kernel: {summary}", str(exc), None
+        ) from None
+    rows = [
+        (
+            b.shape,
+            "; ".join(b.problems) or "ok",
+            b.seconds,
+            b.registers,
+            b.stack_bytes,
+            b.shared_bytes,
+            b.planned_bytes,
+        )
+        for b in builds
+    ]
     columns = ["shape", "result", "compile s", "regs", "stack B", "shared B", "planned B"]
     out.console.print(out.table(title, columns, rows))
     return EXIT_CHECK_FAILED if any(b.problems for b in builds) else EXIT_OK
@@ -89,7 +103,17 @@ def print_builds(results: list[BuildResult], loaded: str | None) -> None:
         status = ("cached" if r.cached else "built") + (", loaded" if r.target == loaded else "")
         for k in r.resources or ():
             kernel = k.kernel.replace("_kernel", "")
-            rows.append((r.target, status, r.seconds, kernel, k.registers, f"{k.spill_stores}/{k.spill_loads}", k.stack_bytes))
+            rows.append(
+                (
+                    r.target,
+                    status,
+                    r.seconds,
+                    kernel,
+                    k.registers,
+                    f"{k.spill_stores}/{k.spill_loads}",
+                    k.stack_bytes,
+                )
+            )
     columns = ["target", "result", "compile s", "kernel", "regs", "spill B st/ld", "stack B"]
     out.console.print(out.table("nopebench build: CUDA cache kernels", columns, rows))
     for r in results:

@@ -20,12 +20,24 @@ def execute(opts: CheckPagetableOptions) -> int:
     run = RunDir.create("check-pagetable", opts.output.results_dir)
     rows = [{"run_id": run.run_id, "model": cfg.name, **r} for r in rows]
     counts = {k: sum(r["result"] == k for r in rows) for k in ("passed", "failed", "skipped")}
-    summary = {"model": cfg.name, "passed": ok, **counts,
-               "flashinfer": flashinfer_validation.flashinfer_version(), "topk_width": cfg.topk_width}
+    summary = {
+        "model": cfg.name,
+        "passed": ok,
+        **counts,
+        "flashinfer": flashinfer_validation.flashinfer_version(),
+        "topk_width": cfg.topk_width,
+    }
     write_csv(run.file("checks.csv"), rows)
     write_csv(run.file("widths.csv"), [{"run_id": run.run_id, **f} for f in report["width_table"]])
-    write_json(run.file("checks.json"), {"summary": summary, "checks": rows, "width_table": report["width_table"],
-                                         "implementations": report["implementations"]})
+    write_json(
+        run.file("checks.json"),
+        {
+            "summary": summary,
+            "checks": rows,
+            "width_table": report["width_table"],
+            "implementations": report["implementations"],
+        },
+    )
     run.finish("passed" if ok else "failed", summary)
     print_report(cfg, report, rows)
     out.console.print(f"results: {run.path}")
@@ -36,14 +48,47 @@ def execute(opts: CheckPagetableOptions) -> int:
 
 def print_report(cfg: ModelConfig, report: dict[str, Any], rows: list[dict]) -> None:
     grid = report["width_table"]
-    out.console.print(out.table("top-k buffer width: round_up(index_topk + kpool - 1, 128)",
-                                ["index_topk", "kpool", "max active", "width", "pre-fix top_k", "pre-fix fits"],
-                                [(f["index_topk"], f["kpool"], f["max_active"], f["width"],
-                                  f["pre_fix_sparse_mla_top_k"], f["pre_fix_fits"]) for f in grid]))
-    out.console.print(out.table("implementations", ["impl", "runs here", "why not"],
-                                [(i["impl"], i["refusal"] is None, i["refusal"] or "") for i in report["implementations"]]))
+    out.console.print(
+        out.table(
+            "top-k buffer width: round_up(index_topk + kpool - 1, 128)",
+            ["index_topk", "kpool", "max active", "width", "pre-fix top_k", "pre-fix fits"],
+            [
+                (
+                    f["index_topk"],
+                    f["kpool"],
+                    f["max_active"],
+                    f["width"],
+                    f["pre_fix_sparse_mla_top_k"],
+                    f["pre_fix_fits"],
+                )
+                for f in grid
+            ],
+        )
+    )
+    out.console.print(
+        out.table(
+            "implementations",
+            ["impl", "runs here", "why not"],
+            [
+                (i["impl"], i["refusal"] is None, i["refusal"] or "")
+                for i in report["implementations"]
+            ],
+        )
+    )
     verdicts = {"passed": True, "failed": False, "skipped": None}
-    out.console.print(out.table(f"check-pagetable: {cfg.name} (width {cfg.topk_width})",
-                                ["check", "impl", "case", "result", "detail"],
-                                [(r["check"], r["impl"], pagetable.case_label(r), out.verdict(verdicts[r["result"]]), r["detail"])
-                                 for r in rows]))
+    out.console.print(
+        out.table(
+            f"check-pagetable: {cfg.name} (width {cfg.topk_width})",
+            ["check", "impl", "case", "result", "detail"],
+            [
+                (
+                    r["check"],
+                    r["impl"],
+                    pagetable.case_label(r),
+                    out.verdict(verdicts[r["result"]]),
+                    r["detail"],
+                )
+                for r in rows
+            ],
+        )
+    )

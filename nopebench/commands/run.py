@@ -127,15 +127,23 @@ def execute(opts: RunOptions) -> int:
         else:
             try:
                 code = step.run()
-                status, detail = ("passed", "") if code == EXIT_OK else ("failed", f"exit code {code}")
+                status, detail = (
+                    ("passed", "") if code == EXIT_OK else ("failed", f"exit code {code}")
+                )
             except UnsupportedError as exc:
                 status, detail = "skipped", str(exc)
                 out.console.print(f"[yellow]skipped:[/] {exc}")
             except UsageError as exc:
                 status, detail = "failed", str(exc)
                 out.error_line(str(exc))
-        records.append({"step": step.name, "status": status, "detail": detail,
-                        "seconds": round(time.perf_counter() - started, 2)})
+        records.append(
+            {
+                "step": step.name,
+                "status": status,
+                "detail": detail,
+                "seconds": round(time.perf_counter() - started, 2),
+            }
+        )
         write_json(run.file("steps.json"), records)  # after each step: a crash leaves what ran
     passed = all(r["status"] != "failed" for r in records)
     status = "passed" if passed else "failed"
@@ -144,9 +152,21 @@ def execute(opts: RunOptions) -> int:
     if report_path is None:
         run.finish(status, {"steps": records, "report": None})
     out.console.rule("[bold]summary")
-    out.console.print(out.table("nopebench run", ["step", "result", "seconds", "detail"],
-                                [[r["step"], out.verdict(None if r["status"] == "skipped" else r["status"] == "passed"),
-                                  r["seconds"], r["detail"]] for r in records]))
+    out.console.print(
+        out.table(
+            "nopebench run",
+            ["step", "result", "seconds", "detail"],
+            [
+                [
+                    r["step"],
+                    out.verdict(None if r["status"] == "skipped" else r["status"] == "passed"),
+                    r["seconds"],
+                    r["detail"],
+                ]
+                for r in records
+            ],
+        )
+    )
     out.console.print(f"run directory: {run.path}")
     if report_path:
         out.console.print(f"report: {report_path}")

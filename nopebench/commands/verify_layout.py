@@ -35,7 +35,12 @@ def execute(opts: VerifyLayoutOptions) -> int:
         raise UnsupportedError(f"--impl {impl}: {report.skipped[impl]}")
     run = RunDir.create("verify-layout", opts.output.results_dir)
     write_csv(run.file("checks.csv"), report.rows)
-    summary = {"model": cfg.name, "passed": report.passed, "cases": len(cases), "skipped": report.skipped}
+    summary = {
+        "model": cfg.name,
+        "passed": report.passed,
+        "cases": len(cases),
+        "skipped": report.skipped,
+    }
     write_json(run.file("checks.json"), {"summary": summary, "checks": report.rows})
     run.finish("passed" if report.passed else "failed", summary)
     print_report(cfg.name, report)
@@ -50,7 +55,9 @@ def print_report(model_name: str, report: LayoutReport) -> None:
     grouped: dict[tuple[str, str], dict] = {}
     for r in report.rows:
         key = (r["impl"], r["check"])
-        g = grouped.setdefault(key, {"rows": 0, "passed": True, "worst": None, "detail": "", "cases": 0})
+        g = grouped.setdefault(
+            key, {"rows": 0, "passed": True, "worst": None, "detail": "", "cases": 0}
+        )
         g["rows"] += r["rows"]
         g["cases"] += 1
         g["passed"] &= r["passed"]
@@ -58,7 +65,18 @@ def print_report(model_name: str, report: LayoutReport) -> None:
             g["worst"] = max(g["worst"] or 0.0, r["worst"])
         if not r["passed"] and not g["detail"]:
             g["detail"] = f"{r['case']}: {r['detail']}"
-    rows = [(impl, check, g["cases"], g["rows"], out.verdict(g["passed"]), g["worst"], g["detail"])
-            for (impl, check), g in grouped.items()]
-    rows += [(impl, "(not run)", 0, 0, out.verdict(None), None, why) for impl, why in report.skipped.items()]
-    out.console.print(out.table(f"verify-layout: {model_name}", ["impl", "check", "cases", "rows", "result", "worst", "detail"], rows))
+    rows = [
+        (impl, check, g["cases"], g["rows"], out.verdict(g["passed"]), g["worst"], g["detail"])
+        for (impl, check), g in grouped.items()
+    ]
+    rows += [
+        (impl, "(not run)", 0, 0, out.verdict(None), None, why)
+        for impl, why in report.skipped.items()
+    ]
+    out.console.print(
+        out.table(
+            f"verify-layout: {model_name}",
+            ["impl", "check", "cases", "rows", "result", "worst", "detail"],
+            rows,
+        )
+    )

@@ -74,7 +74,9 @@ def _mla():
     return flashinfer.mla
 
 
-def _common_refusal(impl: str, sms: tuple[int, ...], need: str, problem: DecodeProblem) -> str | None:
+def _common_refusal(
+    impl: str, sms: tuple[int, ...], need: str, problem: DecodeProblem
+) -> str | None:
     return (
         gpu_refusal(impl, sms, need)
         or device_refusal(impl, problem)
@@ -186,8 +188,15 @@ def trtllm_prepare(problem: DecodeProblem) -> DecodeRun:
     mla = _mla()
     tokens, heads, dim = problem.q.shape
     blocks, block_size, _ = problem.cache.shape
-    kv_cache = _memo_by_cache("trtllm", problem, lambda: torch.cat(_dequantized_cache(problem), dim=-1)
-                              .view(blocks, block_size, dim).contiguous())
+    kv_cache = _memo_by_cache(
+        "trtllm",
+        problem,
+        lambda: (
+            torch.cat(_dequantized_cache(problem), dim=-1)
+            .view(blocks, block_size, dim)
+            .contiguous()
+        ),
+    )
     sizing = metadata.sizing_from_buffer(problem.indices)
     counts = metadata.valid_counts(problem.indices)
     empty = counts == 0
@@ -234,9 +243,11 @@ def _fa3_unsupported(problem: DecodeProblem, impl: str, fp8: bool) -> str | None
     if fp8 and problem.rope_dim:
         rows = problem.cache.view(-1, problem.cache.shape[-1])
         named = problem.indices[problem.indices >= 0].long()  # only rows the step reads matter
-        if bool(rows[named, g.ROPE_OFFSET:].any()):
-            return (f"{impl} holds RoPE lanes in fp8 with one per-tensor scale: exact only for NoPE "
-                    "or the zero-padded shim, and this cache has non-zero RoPE lanes")
+        if bool(rows[named, g.ROPE_OFFSET :].any()):
+            return (
+                f"{impl} holds RoPE lanes in fp8 with one per-tensor scale: exact only for NoPE "
+                "or the zero-padded shim, and this cache has non-zero RoPE lanes"
+            )
     return None
 
 
@@ -251,7 +262,9 @@ def fa3_fp8_unsupported(problem: DecodeProblem) -> str | None:
 def _fa3_cache(problem: DecodeProblem, fp8: bool) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """(ckv [N,1,512], kpe [N,1,rope_dim], run() scale kwargs) with page_size 1, page = slot;
     built once per cache."""
-    return _memo_by_cache("fa3-fp8" if fp8 else "fa3-bf16", problem, lambda: _fa3_cache_build(problem, fp8))
+    return _memo_by_cache(
+        "fa3-fp8" if fp8 else "fa3-bf16", problem, lambda: _fa3_cache_build(problem, fp8)
+    )
 
 
 def _fa3_cache_build(problem: DecodeProblem, fp8: bool) -> tuple[torch.Tensor, torch.Tensor, dict]:
@@ -296,8 +309,15 @@ def _fa3_prepare(problem: DecodeProblem, fp8: bool) -> DecodeRun:
     has_empty = bool(empty.any())
 
     def run() -> DecodeOutput:
-        wrapper.run(query=query, kv_cache=(ckv, kpe), out=out, lse=lse, return_lse=True,
-                    return_lse_base_on_e=True, **scale_kwargs)
+        wrapper.run(
+            query=query,
+            kv_cache=(ckv, kpe),
+            out=out,
+            lse=lse,
+            return_lse=True,
+            return_lse_base_on_e=True,
+            **scale_kwargs,
+        )
         if has_empty:
             out.masked_fill_(empty.unsqueeze(-1), 0.0)
             lse.masked_fill_(empty, -math.inf)
@@ -322,18 +342,38 @@ def fa3_fp8_prepare(problem: DecodeProblem) -> DecodeRun:
 # this class: 4 ulps, at most 0.01% of elements outside, cosine 2e-5. Dropping the 3 kpool
 # entries of a 2051-entry row (the bug they exist for) moves the cosine by ~1.5e-4 and 12% of
 # elements past 4 ulps, far outside it (tests/test_adapter_memo.py).
-FA3_TOLERANCE = Tolerance(1e-3, 4 / 128, 2e-5, "FlashInfer fa3's measured accuracy class (H200)", max_mismatch=1e-4)
+FA3_TOLERANCE = Tolerance(
+    1e-3, 4 / 128, 2e-5, "FlashInfer fa3's measured accuracy class (H200)", max_mismatch=1e-4
+)
 
 
 def flashinfer_specs() -> list[ImplSpec]:
     """The FlashInfer registry entries, in display order."""
     return [
-        ImplSpec("flashinfer-sm120", "FlashInfer sparse MLA, SM120/121 (GLM53_NOPE / GLM_NSA), packed fp8 cache",
-                 sm120_unsupported, sm120_prepare),
-        ImplSpec("flashinfer-trtllm", "FlashInfer trtllm-gen sparse MLA, SM100/103, bf16 cache (native NoPE with top-k lens)",
-                 trtllm_unsupported, trtllm_prepare),
-        ImplSpec("flashinfer-fa3-bf16", "FlashInfer fa3 MLA, SM90, CSR of valid slots, bf16 dequantized cache",
-                 fa3_bf16_unsupported, fa3_bf16_prepare, FA3_TOLERANCE),
-        ImplSpec("flashinfer-fa3-fp8", "FlashInfer fa3 MLA, SM90, CSR of valid slots, fp8 cache with per-tile scales",
-                 fa3_fp8_unsupported, fa3_fp8_prepare, FA3_TOLERANCE),
+        ImplSpec(
+            "flashinfer-sm120",
+            "FlashInfer sparse MLA, SM120/121 (GLM53_NOPE / GLM_NSA), packed fp8 cache",
+            sm120_unsupported,
+            sm120_prepare,
+        ),
+        ImplSpec(
+            "flashinfer-trtllm",
+            "FlashInfer trtllm-gen sparse MLA, SM100/103, bf16 cache (native NoPE with top-k lens)",
+            trtllm_unsupported,
+            trtllm_prepare,
+        ),
+        ImplSpec(
+            "flashinfer-fa3-bf16",
+            "FlashInfer fa3 MLA, SM90, CSR of valid slots, bf16 dequantized cache",
+            fa3_bf16_unsupported,
+            fa3_bf16_prepare,
+            FA3_TOLERANCE,
+        ),
+        ImplSpec(
+            "flashinfer-fa3-fp8",
+            "FlashInfer fa3 MLA, SM90, CSR of valid slots, fp8 cache with per-tile scales",
+            fa3_fp8_unsupported,
+            fa3_fp8_prepare,
+            FA3_TOLERANCE,
+        ),
     ]

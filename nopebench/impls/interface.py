@@ -71,8 +71,12 @@ class Tolerance:
     max_mismatch: float = 0.0  # fraction of elements allowed outside the element rule
 
     def kwargs(self) -> dict:
-        return {"abs_tol": self.abs_tol, "rel_tol": self.rel_tol, "cos_tol": self.cos_tol,
-                "max_mismatch": self.max_mismatch}
+        return {
+            "abs_tol": self.abs_tol,
+            "rel_tol": self.rel_tol,
+            "cos_tol": self.cos_tol,
+            "max_mismatch": self.max_mismatch,
+        }
 
 
 # FlashMLA's rule (compare.py explains each number): the bar for the harness's own kernels.

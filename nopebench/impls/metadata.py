@@ -59,7 +59,11 @@ def sizing_from_buffer(topk_indices_physical: torch.Tensor | int) -> PageTableSi
     `-1` entries pad each row and bound its active length, so declaring the full width is
     always safe; the kernel never reads past a row's valid entries.
     """
-    width = topk_indices_physical if isinstance(topk_indices_physical, int) else int(topk_indices_physical.shape[1])
+    width = (
+        topk_indices_physical
+        if isinstance(topk_indices_physical, int)
+        else int(topk_indices_physical.shape[1])
+    )
     if width <= 0:
         raise ValueError(f"top-k buffer width must be positive, got {width}")
     return PageTableSizing("fixed", width, width, width)
@@ -72,7 +76,9 @@ def prefix_sizing(index_topk: int, buffer_width: int) -> PageTableSizing:
     does not widen the buffer (DeepSeek-V3.2: 2048 == 2048).
     """
     if index_topk <= 0 or buffer_width <= 0:
-        raise ValueError(f"index_topk and buffer_width must be positive, got {index_topk}, {buffer_width}")
+        raise ValueError(
+            f"index_topk and buffer_width must be positive, got {index_topk}, {buffer_width}"
+        )
     return PageTableSizing("pre-fix", buffer_width, index_topk, index_topk)
 
 
@@ -92,11 +98,17 @@ def logical_to_physical(
     >= num_blocks. Nothing is read out of bounds in any of those cases.
     """
     if topk_logical.dim() != 2 or topk_logical.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"topk_logical must be int32/int64 [T, W], got {topk_logical.dtype} {tuple(topk_logical.shape)}")
+        raise ValueError(
+            f"topk_logical must be int32/int64 [T, W], got {topk_logical.dtype} {tuple(topk_logical.shape)}"
+        )
     if block_table.dim() != 2 or block_table.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"block_table must be int32/int64 [R, max_blocks], got {block_table.dtype} {tuple(block_table.shape)}")
+        raise ValueError(
+            f"block_table must be int32/int64 [R, max_blocks], got {block_table.dtype} {tuple(block_table.shape)}"
+        )
     if req_of_token.shape != (topk_logical.shape[0],):
-        raise ValueError(f"req_of_token must be [T={topk_logical.shape[0]}], got {tuple(req_of_token.shape)}")
+        raise ValueError(
+            f"req_of_token must be [T={topk_logical.shape[0]}], got {tuple(req_of_token.shape)}"
+        )
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
     device = topk_logical.device
@@ -177,4 +189,6 @@ def csr_of_valid(indices: torch.Tensor) -> CsrMetadata:
 
 def _check_indices(indices: torch.Tensor) -> None:
     if indices.dim() != 2 or indices.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"indices must be int32/int64 [T, W], got {indices.dtype} {tuple(indices.shape)}")
+        raise ValueError(
+            f"indices must be int32/int64 [T, W], got {indices.dtype} {tuple(indices.shape)}"
+        )

@@ -49,31 +49,51 @@ def sparse_decode_reference(
         packed = rows[torch.where(valid, idx, 0).flatten()]
         latent, rope = rowformat.dequantize_rows(packed)
         values = latent.float().view(idx.shape[0], width, g.LATENT_DIM)
-        keys = values if not rope_dim else torch.cat([values, rope.float().view(idx.shape[0], width, g.ROPE_DIM)], dim=-1)
+        keys = (
+            values
+            if not rope_dim
+            else torch.cat([values, rope.float().view(idx.shape[0], width, g.ROPE_DIM)], dim=-1)
+        )
         scores = torch.einsum("thd,twd->thw", q[sl].float(), keys) * softmax_scale
         scores = scores.masked_fill(~valid.unsqueeze(1), -math.inf)
         row_lse = torch.logsumexp(scores, dim=-1)
-        weights = torch.exp(scores - torch.where(torch.isfinite(row_lse), row_lse, 0.0).unsqueeze(-1))
+        weights = torch.exp(
+            scores - torch.where(torch.isfinite(row_lse), row_lse, 0.0).unsqueeze(-1)
+        )
         weights = torch.where(valid.unsqueeze(1), weights, 0.0)
         out[sl] = torch.einsum("thw,twd->thd", weights, values).to(torch.bfloat16)
         lse[sl] = row_lse
     return out, lse
 
 
-def check_decode_args(q: torch.Tensor, cache: torch.Tensor, indices: torch.Tensor, rope_dim: int) -> None:
+def check_decode_args(
+    q: torch.Tensor, cache: torch.Tensor, indices: torch.Tensor, rope_dim: int
+) -> None:
     """Shape, dtype and device checks shared by every decode implementation (ValueError)."""
     if rope_dim not in (0, g.ROPE_DIM):
         raise ValueError(f"rope_dim must be 0 or 64, got {rope_dim}")
     if q.dtype != torch.bfloat16 or q.dim() != 3 or q.shape[-1] != g.qk_dim(rope_dim):
-        raise ValueError(f"q must be bf16 [T, H, {g.qk_dim(rope_dim)}], got {q.dtype} {tuple(q.shape)}")
-    if cache.dtype != torch.uint8 or cache.dim() != 3 or cache.shape[-1] not in (g.NOPE_ROW_BYTES, g.FULL_ROW_BYTES):
-        raise ValueError(f"cache must be uint8 [blocks, block_size, 528 or 656], got {cache.dtype} {tuple(cache.shape)}")
+        raise ValueError(
+            f"q must be bf16 [T, H, {g.qk_dim(rope_dim)}], got {q.dtype} {tuple(q.shape)}"
+        )
+    if (
+        cache.dtype != torch.uint8
+        or cache.dim() != 3
+        or cache.shape[-1] not in (g.NOPE_ROW_BYTES, g.FULL_ROW_BYTES)
+    ):
+        raise ValueError(
+            f"cache must be uint8 [blocks, block_size, 528 or 656], got {cache.dtype} {tuple(cache.shape)}"
+        )
     if rope_dim and cache.shape[-1] != g.FULL_ROW_BYTES:
         raise ValueError("decode with RoPE lanes needs 656-byte rows")
     if indices.dtype != torch.int32 or indices.dim() != 2 or indices.shape[0] != q.shape[0]:
-        raise ValueError(f"indices must be int32 [T={q.shape[0]}, W], got {indices.dtype} {tuple(indices.shape)}")
+        raise ValueError(
+            f"indices must be int32 [T={q.shape[0]}, W], got {indices.dtype} {tuple(indices.shape)}"
+        )
     if not (q.device == cache.device == indices.device):
-        raise ValueError(f"q, cache and indices must share a device, got {q.device}, {cache.device}, {indices.device}")
+        raise ValueError(
+            f"q, cache and indices must share a device, got {q.device}, {cache.device}, {indices.device}"
+        )
 
 
 def _reference_prepare(problem: DecodeProblem) -> DecodeRun:

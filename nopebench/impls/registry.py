@@ -32,10 +32,14 @@ def lookup(impl_name: str, registry: dict[str, ImplSpec] | None = None) -> ImplS
     try:
         return registry[impl_name]
     except KeyError:
-        raise UsageError(f"unknown implementation {impl_name!r}: choose one of {', '.join(registry)}") from None
+        raise UsageError(
+            f"unknown implementation {impl_name!r}: choose one of {', '.join(registry)}"
+        ) from None
 
 
-def runnable(problem: DecodeProblem, registry: dict[str, ImplSpec] | None = None) -> tuple[list[ImplSpec], dict[str, str]]:
+def runnable(
+    problem: DecodeProblem, registry: dict[str, ImplSpec] | None = None
+) -> tuple[list[ImplSpec], dict[str, str]]:
     """The implementations this machine can run on `problem`, and the refusal line of each other."""
     registry = implementations() if registry is None else registry
     ok, refused = [], {}
@@ -48,7 +52,9 @@ def runnable(problem: DecodeProblem, registry: dict[str, ImplSpec] | None = None
     return ok, refused
 
 
-def prepare(problem: DecodeProblem, impl_name: str, registry: dict[str, ImplSpec] | None = None) -> DecodeRun:
+def prepare(
+    problem: DecodeProblem, impl_name: str, registry: dict[str, ImplSpec] | None = None
+) -> DecodeRun:
     """The launch closure of one implementation for `problem`.
 
     Raises UsageError for an unknown name, UnsupportedError (one line) when this machine
@@ -74,6 +80,8 @@ def prepare(problem: DecodeProblem, impl_name: str, registry: dict[str, ImplSpec
     return checked_run
 
 
-def decode(problem: DecodeProblem, impl_name: str, registry: dict[str, ImplSpec] | None = None) -> DecodeOutput:
+def decode(
+    problem: DecodeProblem, impl_name: str, registry: dict[str, ImplSpec] | None = None
+) -> DecodeOutput:
     """Prepare and run one implementation once (host work included: not for timing)."""
     return prepare(problem, impl_name, registry)()

@@ -88,13 +88,22 @@ class DecodeBuffers:
         lse = torch.empty(tokens, heads, dtype=torch.float32, device=device)
         if plan.splits == 1:
             return cls(out, lse, out, lse)
-        part = torch.empty(plan.splits, tokens, heads, g.LATENT_DIM, dtype=torch.float32, device=device)
+        part = torch.empty(
+            plan.splits, tokens, heads, g.LATENT_DIM, dtype=torch.float32, device=device
+        )
         part_lse = torch.empty(plan.splits, tokens, heads, dtype=torch.float32, device=device)
         return cls(out, lse, part, part_lse)
 
 
-def native_decode(q: torch.Tensor, cache: torch.Tensor, indices: torch.Tensor, softmax_scale: float,
-                  rope_dim: int, plan: LaunchPlan | None = None, buffers: DecodeBuffers | None = None) -> DecodeOutput:
+def native_decode(
+    q: torch.Tensor,
+    cache: torch.Tensor,
+    indices: torch.Tensor,
+    softmax_scale: float,
+    rope_dim: int,
+    plan: LaunchPlan | None = None,
+    buffers: DecodeBuffers | None = None,
+) -> DecodeOutput:
     """Sparse decode over packed rows. Same contract as `sparse_decode_reference`."""
     from nopebench.impls.native import triton_decode as k
 
@@ -104,7 +113,11 @@ def native_decode(q: torch.Tensor, cache: torch.Tensor, indices: torch.Tensor, s
     tokens, heads, _ = q.shape
     width = indices.shape[1]
     if plan is None:
-        plan = choose_plan(tokens, heads, width, rope_dim, q.device) if q.is_cuda else plan_launch(tokens, heads, width)
+        plan = (
+            choose_plan(tokens, heads, width, rope_dim, q.device)
+            if q.is_cuda
+            else plan_launch(tokens, heads, width)
+        )
     if buffers is None:
         buffers = DecodeBuffers.allocate(tokens, heads, plan, q.device)
     out, lse, part, part_lse = buffers.out, buffers.lse, buffers.part, buffers.part_lse
@@ -113,17 +126,39 @@ def native_decode(q: torch.Tensor, cache: torch.Tensor, indices: torch.Tensor, s
     stride_os = part.stride(0) if plan.splits > 1 else 0
     stride_ls = part_lse.stride(0) if plan.splits > 1 else 0
     grid = plan.grid(tokens)
-    args = (q, cache, indices, part, part_lse,
-            heads, width, plan.entries_per_split, softmax_scale * k.LOG2E,
-            q.stride(0), q.stride(1), indices.stride(0),
-            part.stride(-3), part.stride(-2), stride_os, part_lse.stride(-2), stride_ls)
+    args = (
+        q,
+        cache,
+        indices,
+        part,
+        part_lse,
+        heads,
+        width,
+        plan.entries_per_split,
+        softmax_scale * k.LOG2E,
+        q.stride(0),
+        q.stride(1),
+        indices.stride(0),
+        part.stride(-3),
+        part.stride(-2),
+        stride_os,
+        part_lse.stride(-2),
+        stride_ls,
+    )
     if plan.kernel == "hopper":
         from nopebench.impls.native import hopper_decode
 
         hopper_decode.hopper_decode_kernel[grid](
-            *args, BLOCK_H=plan.block_h, BLOCK_N=plan.block_n, ROW_BYTES=cache.shape[-1], ROPE=bool(rope_dim),
-            HEAD_BLOCKS=plan.head_blocks, NUM_STAGES=plan.num_stages, S_WARPS_M=score_warps_m(plan.block_n),
-            num_warps=plan.num_warps)
+            *args,
+            BLOCK_H=plan.block_h,
+            BLOCK_N=plan.block_n,
+            ROW_BYTES=cache.shape[-1],
+            ROPE=bool(rope_dim),
+            HEAD_BLOCKS=plan.head_blocks,
+            NUM_STAGES=plan.num_stages,
+            S_WARPS_M=score_warps_m(plan.block_n),
+            num_warps=plan.num_warps,
+        )
     elif plan.kernel == "hopper_wide":
         from nopebench.impls.native import hopper_wide_decode as wide
 
@@ -140,15 +175,35 @@ def native_decode(q: torch.Tensor, cache: torch.Tensor, indices: torch.Tensor, s
         ws.hopper_ws_decode_kernel[grid](*args, tokens, **constants, **options)
     else:
         k.sparse_decode_kernel[grid](
-            *args, BLOCK_H=plan.block_h, BLOCK_N=plan.block_n, ROW_BYTES=cache.shape[-1], ROPE=bool(rope_dim),
-            HEAD_BLOCKS=plan.head_blocks, PREFETCH=plan.prefetch, NUM_STAGES=plan.num_stages,
-            F32_DOT=_interpreting(), FACTORED=plan.factored, num_warps=plan.num_warps)
+            *args,
+            BLOCK_H=plan.block_h,
+            BLOCK_N=plan.block_n,
+            ROW_BYTES=cache.shape[-1],
+            ROPE=bool(rope_dim),
+            HEAD_BLOCKS=plan.head_blocks,
+            PREFETCH=plan.prefetch,
+            NUM_STAGES=plan.num_stages,
+            F32_DOT=_interpreting(),
+            FACTORED=plan.factored,
+            num_warps=plan.num_warps,
+        )
     if plan.splits > 1:
         k.combine_kernel[(tokens * heads,)](
-            part, part_lse, out, lse, heads, plan.splits,
-            part.stride(0), part.stride(1), part.stride(2), part_lse.stride(0), part_lse.stride(1),
-            out.stride(0), out.stride(1),
-            BLOCK_S=next_pow2(plan.splits), num_warps=4,
+            part,
+            part_lse,
+            out,
+            lse,
+            heads,
+            plan.splits,
+            part.stride(0),
+            part.stride(1),
+            part.stride(2),
+            part_lse.stride(0),
+            part_lse.stride(1),
+            out.stride(0),
+            out.stride(1),
+            BLOCK_S=next_pow2(plan.splits),
+            num_warps=4,
         )
     return DecodeOutput(out, lse)
 
@@ -167,12 +222,21 @@ def _unsupported(problem: DecodeProblem) -> str | None:
 
 
 def _prepare(problem: DecodeProblem) -> DecodeRun:
-    plan = choose_plan(problem.tokens, problem.heads, problem.width, problem.rope_dim, problem.q.device)
+    plan = choose_plan(
+        problem.tokens, problem.heads, problem.width, problem.rope_dim, problem.q.device
+    )
     buffers = DecodeBuffers.allocate(problem.tokens, problem.heads, plan, problem.q.device)
 
     def run() -> DecodeOutput:
-        return native_decode(problem.q, problem.cache, problem.indices, problem.softmax_scale, problem.rope_dim,
-                             plan, buffers)
+        return native_decode(
+            problem.q,
+            problem.cache,
+            problem.indices,
+            problem.softmax_scale,
+            problem.rope_dim,
+            plan,
+            buffers,
+        )
 
     return run
 
@@ -181,7 +245,7 @@ def native_spec() -> ImplSpec:
     return ImplSpec(
         name="native",
         description="nopebench kernel (Gluon/wgmma on SM90, portable Triton elsewhere): packed fp8 rows read "
-                    "in place, dequantized on chip",
+        "in place, dequantized on chip",
         unsupported=_unsupported,
         prepare=_prepare,
     )

@@ -29,8 +29,14 @@ from nopebench.impls.native.plans import (
 )
 
 # (heads per program, rows per block, ring slots, RoPE lanes): every shape plan_hopper emits.
-PLAN_SHAPES = ((16, 128, 1, False), (16, 64, 2, False), (16, 64, 2, True), (32, 64, 2, False), (32, 64, 2, True),
-               (64, 64, 2, False))
+PLAN_SHAPES = (
+    (16, 128, 1, False),
+    (16, 64, 2, False),
+    (16, 64, 2, True),
+    (32, 64, 2, False),
+    (32, 64, 2, True),
+    (64, 64, 2, False),
+)
 # The warp-specialised kernel: (heads, query tokens, role split) of each shape plan_hopper_ws
 # emits (None: its default), and its one-consumer form at 16 heads, which tuning compares.
 WS_PLAN_CASES = ((16, 512, None), (32, 512, None), (16, 512, False))
@@ -61,9 +67,15 @@ class KernelBuild:
 
     @property
     def shape(self) -> str:
-        name = ("warp-specialised (scorer + accumulator), " if self.role_split else
-                "warp-specialised, " if self.kernel == "hopper_ws" else
-                "64-head (split output), " if self.kernel == "hopper_wide" else "")
+        name = (
+            "warp-specialised (scorer + accumulator), "
+            if self.role_split
+            else "warp-specialised, "
+            if self.kernel == "hopper_ws"
+            else "64-head (split output), "
+            if self.kernel == "hopper_wide"
+            else ""
+        )
         splits = f", {self.splits} splits" if self.splits > 1 else ""
         blocks = f", {self.head_blocks} head blocks" if self.head_blocks > 1 else ""
         rope = ", RoPE" if self.rope else ""
@@ -97,12 +109,32 @@ def gluon_missing() -> str | None:
     return None
 
 
-_SCALARS = {"heads", "width", "entries_per_split", "tokens", "stride_qt", "stride_qh", "stride_it", "stride_ot", "stride_oh",
-            "stride_os", "stride_lt", "stride_ls"}
-_POINTERS = {"q_ptr": "*bf16", "cache_ptr": "*u8", "idx_ptr": "*i32", "out_ptr": "*fp32", "lse_ptr": "*fp32"}
+_SCALARS = {
+    "heads",
+    "width",
+    "entries_per_split",
+    "tokens",
+    "stride_qt",
+    "stride_qh",
+    "stride_it",
+    "stride_ot",
+    "stride_oh",
+    "stride_os",
+    "stride_lt",
+    "stride_ls",
+}
+_POINTERS = {
+    "q_ptr": "*bf16",
+    "cache_ptr": "*u8",
+    "idx_ptr": "*i32",
+    "out_ptr": "*fp32",
+    "lse_ptr": "*fp32",
+}
 
 
-def _compile(kernel, constants: dict, options: dict) -> tuple[object, float, int | None, int | None]:
+def _compile(
+    kernel, constants: dict, options: dict
+) -> tuple[object, float, int | None, int | None]:
     """Compile one Gluon kernel for sm_90 as the launcher calls it in the planned shapes: 16-byte
     aligned pointers and strides that are multiples of 16 elements, which Triton's launcher
     specialises on (without that hint q's loads are not vectorised and Triton 3.9 spills)."""
@@ -110,13 +142,22 @@ def _compile(kernel, constants: dict, options: dict) -> tuple[object, float, int
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    signature = {n: _POINTERS.get(n) or ("i32" if n in _SCALARS else "fp32" if n == "qk_scale_log2" else "constexpr")
-                 for n in kernel.arg_names}
-    aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
-               if name in _POINTERS or name.startswith("stride_")}
+    signature = {
+        n: _POINTERS.get(n)
+        or ("i32" if n in _SCALARS else "fp32" if n == "qk_scale_log2" else "constexpr")
+        for n in kernel.arg_names
+    }
+    aligned = {
+        (i,): [["tt.divisibility", 16]]
+        for i, name in enumerate(kernel.arg_names)
+        if name in _POINTERS or name.startswith("stride_")
+    }
     start = time.perf_counter()
-    compiled = triton.compile(GluonASTSource(kernel, signature, constants, aligned),
-                              target=GPUTarget("cuda", 90, 32), options=options)
+    compiled = triton.compile(
+        GluonASTSource(kernel, signature, constants, aligned),
+        target=GPUTarget("cuda", 90, 32),
+        options=options,
+    )
     registers, stack = _resource_usage(Path(triton.__file__).parent, compiled.asm["cubin"])
     return compiled, time.perf_counter() - start, registers, stack
 
@@ -125,12 +166,30 @@ def compile_shape(block_h: int, block_n: int, stages: int, rope: bool) -> Kernel
     """The single-role kernel in one shape."""
     from nopebench.impls.native import hopper_decode
 
-    constants = dict(BLOCK_H=block_h, BLOCK_N=block_n, ROW_BYTES=656 if rope else 528, ROPE=rope, HEAD_BLOCKS=1,
-                     NUM_STAGES=stages, S_WARPS_M=score_warps_m(block_n))
-    compiled, seconds, registers, stack = _compile(hopper_decode.hopper_decode_kernel, constants, {"num_warps": 8})
-    return KernelBuild(block_h, block_n, stages, rope, seconds, "wgmma.mma_async" in compiled.asm["ptx"],
-                       int(compiled.metadata.shared), hopper_smem_bytes(block_h, stages, rope, block_n),
-                       registers, stack)
+    constants = dict(
+        BLOCK_H=block_h,
+        BLOCK_N=block_n,
+        ROW_BYTES=656 if rope else 528,
+        ROPE=rope,
+        HEAD_BLOCKS=1,
+        NUM_STAGES=stages,
+        S_WARPS_M=score_warps_m(block_n),
+    )
+    compiled, seconds, registers, stack = _compile(
+        hopper_decode.hopper_decode_kernel, constants, {"num_warps": 8}
+    )
+    return KernelBuild(
+        block_h,
+        block_n,
+        stages,
+        rope,
+        seconds,
+        "wgmma.mma_async" in compiled.asm["ptx"],
+        int(compiled.metadata.shared),
+        hopper_smem_bytes(block_h, stages, rope, block_n),
+        registers,
+        stack,
+    )
 
 
 def compile_ws_shape(heads: int, tokens: int, role_split: bool | None = None) -> KernelBuild:
@@ -140,10 +199,20 @@ def compile_ws_shape(heads: int, tokens: int, role_split: bool | None = None) ->
     plan = plan_hopper_ws(tokens, heads, 2176, role_split=role_split)
     constants, options = ws.launch_constants(plan, 528)
     compiled, seconds, registers, stack = _compile(ws.hopper_ws_decode_kernel, constants, options)
-    return KernelBuild(plan.block_h, plan.block_n, plan.num_stages, False, seconds,
-                       "wgmma.mma_async" in compiled.asm["ptx"], int(compiled.metadata.shared),
-                       ws_smem_bytes(plan.block_h, plan.num_stages, plan.block_n, plan.role_split),
-                       registers, stack, kernel="hopper_ws", role_split=plan.role_split)
+    return KernelBuild(
+        plan.block_h,
+        plan.block_n,
+        plan.num_stages,
+        False,
+        seconds,
+        "wgmma.mma_async" in compiled.asm["ptx"],
+        int(compiled.metadata.shared),
+        ws_smem_bytes(plan.block_h, plan.num_stages, plan.block_n, plan.role_split),
+        registers,
+        stack,
+        kernel="hopper_ws",
+        role_split=plan.role_split,
+    )
 
 
 def compile_wide_shape(heads: int, tokens: int) -> KernelBuild:
@@ -152,11 +221,24 @@ def compile_wide_shape(heads: int, tokens: int) -> KernelBuild:
 
     plan = plan_hopper_wide(tokens, heads, 2176)
     constants, options = wide.launch_constants(plan, 528)
-    compiled, seconds, registers, stack = _compile(wide.hopper_wide_decode_kernel, constants, options)
-    return KernelBuild(plan.block_h, plan.block_n, plan.num_stages, False, seconds,
-                       "wgmma.mma_async" in compiled.asm["ptx"], int(compiled.metadata.shared),
-                       wide_smem_bytes(plan.num_stages), registers, stack, kernel="hopper_wide", splits=plan.splits,
-                       head_blocks=plan.head_blocks)
+    compiled, seconds, registers, stack = _compile(
+        wide.hopper_wide_decode_kernel, constants, options
+    )
+    return KernelBuild(
+        plan.block_h,
+        plan.block_n,
+        plan.num_stages,
+        False,
+        seconds,
+        "wgmma.mma_async" in compiled.asm["ptx"],
+        int(compiled.metadata.shared),
+        wide_smem_bytes(plan.num_stages),
+        registers,
+        stack,
+        kernel="hopper_wide",
+        splits=plan.splits,
+        head_blocks=plan.head_blocks,
+    )
 
 
 def _resource_usage(triton_dir: Path, cubin: bytes) -> tuple[int | None, int | None]:
@@ -166,7 +248,9 @@ def _resource_usage(triton_dir: Path, cubin: bytes) -> tuple[int | None, int | N
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "kernel.cubin"
         path.write_bytes(cubin)
-        usage = subprocess.run([str(cuobjdump), "--dump-resource-usage", str(path)], capture_output=True, text=True)
+        usage = subprocess.run(
+            [str(cuobjdump), "--dump-resource-usage", str(path)], capture_output=True, text=True
+        )
     found = re.search(r"REG:(\d+) STACK:(\d+)", usage.stdout)
     return (int(found.group(1)), int(found.group(2))) if found else (None, None)
 

@@ -48,13 +48,25 @@ def _per_tile(dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
     """Four shared buffers of `shape`, one per 128-wide tile of a row. Triton's barrier analysis
     works per allocation, so separate buffers let the four tiles' copies and stores proceed
     without barriers between them."""
-    return (gl.allocate_shared_memory(dtype, shape, layout), gl.allocate_shared_memory(dtype, shape, layout),
-            gl.allocate_shared_memory(dtype, shape, layout), gl.allocate_shared_memory(dtype, shape, layout))
+    return (
+        gl.allocate_shared_memory(dtype, shape, layout),
+        gl.allocate_shared_memory(dtype, shape, layout),
+        gl.allocate_shared_memory(dtype, shape, layout),
+        gl.allocate_shared_memory(dtype, shape, layout),
+    )
 
 
 @gluon.jit
-def _copy_rows(cache_ptr, idx, raw_k, raw_s, slot, ROW_BYTES: gl.constexpr, gather: gl.constexpr,
-               scales_l: gl.constexpr):
+def _copy_rows(
+    cache_ptr,
+    idx,
+    raw_k,
+    raw_s,
+    slot,
+    ROW_BYTES: gl.constexpr,
+    gather: gl.constexpr,
+    scales_l: gl.constexpr,
+):
     """cp.async the rows `idx` names into ring slot `slot`: four 128-byte fp8 tiles, and the
     row's four fp32 tile scales as one 16-byte copy. Rows whose index is -1 are zero-filled.
     Returns the row addresses and their validity."""
@@ -68,14 +80,29 @@ def _copy_rows(cache_ptr, idx, raw_k, raw_s, slot, ROW_BYTES: gl.constexpr, gath
     srow = gl.convert_layout(row, gl.SliceLayout(1, scales_l))
     svalid = gl.convert_layout(valid, gl.SliceLayout(1, scales_l))
     scols = gl.arange(0, 4, layout=gl.SliceLayout(0, scales_l))
-    sptrs = gl.expand_dims((srow + 512).to(gl.pointer_type(gl.float32)), 1) + gl.expand_dims(scols, 0)
-    _cp_async(raw_s.index(slot), sptrs, mask=gl.expand_dims(svalid, 1) & gl.expand_dims(scols >= 0, 0))
+    sptrs = gl.expand_dims((srow + 512).to(gl.pointer_type(gl.float32)), 1) + gl.expand_dims(
+        scols, 0
+    )
+    _cp_async(
+        raw_s.index(slot), sptrs, mask=gl.expand_dims(svalid, 1) & gl.expand_dims(scols >= 0, 0)
+    )
     return row, valid
 
 
 @gluon.jit
-def _issue_block(cache_ptr, idx, raw_k, raw_s, raw_r, idx_ring, stage, ROW_BYTES: gl.constexpr, ROPE: gl.constexpr,
-                 gather: gl.constexpr, rope_gather: gl.constexpr):
+def _issue_block(
+    cache_ptr,
+    idx,
+    raw_k,
+    raw_s,
+    raw_r,
+    idx_ring,
+    stage,
+    ROW_BYTES: gl.constexpr,
+    ROPE: gl.constexpr,
+    gather: gl.constexpr,
+    rope_gather: gl.constexpr,
+):
     """Start the cp.async gathers of one block's rows into ring slot `stage` (one commit group);
     the index row itself is kept for the mask."""
     row, valid = _copy_rows(cache_ptr, idx, raw_k, raw_s, stage, ROW_BYTES, gather, SCALES)
@@ -83,8 +110,14 @@ def _issue_block(cache_ptr, idx, raw_k, raw_s, raw_r, idx_ring, stage, ROW_BYTES
         rrow = gl.convert_layout(row, gl.SliceLayout(1, rope_gather))
         rvalid = gl.convert_layout(valid, gl.SliceLayout(1, rope_gather))
         rcols = gl.arange(0, 64, layout=gl.SliceLayout(0, rope_gather))
-        rptrs = gl.expand_dims((rrow + 528).to(gl.pointer_type(gl.bfloat16)), 1) + gl.expand_dims(rcols, 0)
-        _cp_async(raw_r.index(stage), rptrs, mask=gl.expand_dims(rvalid, 1) & gl.expand_dims(rcols >= 0, 0))
+        rptrs = gl.expand_dims((rrow + 528).to(gl.pointer_type(gl.bfloat16)), 1) + gl.expand_dims(
+            rcols, 0
+        )
+        _cp_async(
+            raw_r.index(stage),
+            rptrs,
+            mask=gl.expand_dims(rvalid, 1) & gl.expand_dims(rcols >= 0, 0),
+        )
     idx_ring.index(stage).store(idx)
     cp.commit_group()
 
@@ -99,7 +132,9 @@ def _load_idx(idx_row, n0, end, BLOCK_N: gl.constexpr, layout: gl.constexpr):
 def _dequantize_tile(raw_k, scales, kv_smem, stage, t: gl.constexpr, gather: gl.constexpr):
     """fp8 * per-row tile scale -> bf16 for 128-wide tile t, rounded exactly as the reference does."""
     tile_of = gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, SCALES)), 0)
-    scale = gl.convert_layout(gl.sum(gl.where(tile_of == t, scales, 0.0), axis=1), gl.SliceLayout(1, gather))
+    scale = gl.convert_layout(
+        gl.sum(gl.where(tile_of == t, scales, 0.0), axis=1), gl.SliceLayout(1, gather)
+    )
     raw = raw_k[t].index(stage).load(gather)
     kv = raw.to(gl.float8e4nv, bitcast=True).to(gl.float32) * gl.expand_dims(scale, 1)
     kv_smem[t].store(kv.to(gl.bfloat16))
@@ -117,8 +152,17 @@ def _dequantize(raw_k, raw_s, kv_smem, stage, gather: gl.constexpr):
 
 
 @gluon.jit
-def _issue_scores(kv_smem, q_smem, raw_r, qr_smem, stage, BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr,
-                  ROPE: gl.constexpr, s_layout: gl.constexpr):
+def _issue_scores(
+    kv_smem,
+    q_smem,
+    raw_r,
+    qr_smem,
+    stage,
+    BLOCK_N: gl.constexpr,
+    BLOCK_H: gl.constexpr,
+    ROPE: gl.constexpr,
+    s_layout: gl.constexpr,
+):
     """S^T = K Q^T (+ K_rope Q_rope^T), issued asynchronously: 4 (5 with RoPE) wgmma groups."""
     s = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, s_layout)
     for t in gl.static_range(4):
@@ -165,7 +209,17 @@ def _program(idx_ptr, width, entries_per_split, stride_it, HEAD_BLOCKS: gl.const
 
 
 @gluon.jit
-def _stage_q(q_ptr, q_smem, tok, hb, heads, stride_qt, stride_qh, BLOCK_H: gl.constexpr, q_layout: gl.constexpr):
+def _stage_q(
+    q_ptr,
+    q_smem,
+    tok,
+    hb,
+    heads,
+    stride_qt,
+    stride_qh,
+    BLOCK_H: gl.constexpr,
+    q_layout: gl.constexpr,
+):
     """q for this head block (rows past `heads` zero), staged once in four 128-wide tiles as the
     score product's B operand (K-major). Returns the row pointers and head offsets."""
     offs_qh = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, q_layout))
@@ -173,7 +227,9 @@ def _stage_q(q_ptr, q_smem, tok, hb, heads, stride_qt, stride_qh, BLOCK_H: gl.co
     qmask = gl.expand_dims(offs_qh < heads, 1) & gl.expand_dims(qcols >= 0, 0)
     qrow = q_ptr + tok.to(gl.int64) * stride_qt + gl.expand_dims(offs_qh, 1) * stride_qh
     for t in gl.static_range(4):
-        q_smem.index(t).store(gl.load(qrow + gl.expand_dims(t * TILE + qcols, 0), mask=qmask, other=0.0))
+        q_smem.index(t).store(
+            gl.load(qrow + gl.expand_dims(t * TILE + qcols, 0), mask=qmask, other=0.0)
+        )
     return qrow, offs_qh
 
 
@@ -202,21 +258,44 @@ def _attend(s, valid, kv, p_smem, o0, o1, o2, o3, m_i, l_i, qk_scale_log2, o_lay
 
 @gluon.jit
 def hopper_decode_kernel(
-    q_ptr, cache_ptr, idx_ptr, out_ptr, lse_ptr,
-    heads, width, entries_per_split, qk_scale_log2,
-    stride_qt, stride_qh, stride_it, stride_ot, stride_oh, stride_os, stride_lt, stride_ls,
-    BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, ROW_BYTES: gl.constexpr, ROPE: gl.constexpr,
-    HEAD_BLOCKS: gl.constexpr, NUM_STAGES: gl.constexpr, S_WARPS_M: gl.constexpr,
+    q_ptr,
+    cache_ptr,
+    idx_ptr,
+    out_ptr,
+    lse_ptr,
+    heads,
+    width,
+    entries_per_split,
+    qk_scale_log2,
+    stride_qt,
+    stride_qh,
+    stride_it,
+    stride_ot,
+    stride_oh,
+    stride_os,
+    stride_lt,
+    stride_ls,
+    BLOCK_H: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    ROW_BYTES: gl.constexpr,
+    ROPE: gl.constexpr,
+    HEAD_BLOCKS: gl.constexpr,
+    NUM_STAGES: gl.constexpr,
+    S_WARPS_M: gl.constexpr,
 ):
     # Register layouts: 16-byte vectors per thread for the gathers; wgmma accumulators with the
     # scores split across the two warpgroups by key or head (S_WARPS_M), the output by latent row.
     gather: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [NUM_WARPS, 1], [1, 0])
     rope_gather: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS, 1], [1, 0])
     q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [NUM_WARPS, 1], [1, 0])
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[S_WARPS_M, NUM_WARPS // S_WARPS_M],
-                                                       instr_shape=[16, BLOCK_H * S_WARPS_M // NUM_WARPS, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
-                                                       instr_shape=[16, BLOCK_H, 16])
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0],
+        warps_per_cta=[S_WARPS_M, NUM_WARPS // S_WARPS_M],
+        instr_shape=[16, BLOCK_H * S_WARPS_M // NUM_WARPS, 16],
+    )
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[8, 1], instr_shape=[16, BLOCK_H, 16]
+    )
     rows_g: gl.constexpr = gl.SliceLayout(1, gather)
     rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
@@ -241,14 +320,18 @@ def hopper_decode_kernel(
     kv_smem = _per_tile(gl.bfloat16, [BLOCK_N, TILE], kv_shared)
     p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, BLOCK_H], p_shared)
 
-    tok, hb, split, idx_row, start, end = _program(idx_ptr, width, entries_per_split, stride_it, HEAD_BLOCKS)
+    tok, hb, split, idx_row, start, end = _program(
+        idx_ptr, width, entries_per_split, stride_it, HEAD_BLOCKS
+    )
 
     # Prologue: the first blocks' gathers in flight (one less than the slots, at least one), the
     # next index block in registers.
     AHEAD: gl.constexpr = NUM_STAGES - 1 if NUM_STAGES > 1 else 1
     for j in gl.static_range(AHEAD):
         idx = _load_idx(idx_row, start + j * BLOCK_N, end, BLOCK_N, rows_g)
-        _issue_block(cache_ptr, idx, raw_k, raw_s, raw_r, idx_ring, j, ROW_BYTES, ROPE, gather, rope_gather)
+        _issue_block(
+            cache_ptr, idx, raw_k, raw_s, raw_r, idx_ring, j, ROW_BYTES, ROPE, gather, rope_gather
+        )
     idx_next = _load_idx(idx_row, start + AHEAD * BLOCK_N, end, BLOCK_N, rows_g)
 
     qrow, offs_qh = _stage_q(q_ptr, q_smem, tok, hb, heads, stride_qt, stride_qh, BLOCK_H, q_layout)
@@ -265,39 +348,114 @@ def hopper_decode_kernel(
         valid = idx_ring.index(stage).load(rows_s) >= 0
         if NUM_STAGES > 1:
             # Refill the slot the previous block used; its index block was loaded an iteration ago.
-            _issue_block(cache_ptr, idx_next, raw_k, raw_s, raw_r, idx_ring, (stage + NUM_STAGES - 1) % NUM_STAGES,
-                         ROW_BYTES, ROPE, gather, rope_gather)
+            _issue_block(
+                cache_ptr,
+                idx_next,
+                raw_k,
+                raw_s,
+                raw_r,
+                idx_ring,
+                (stage + NUM_STAGES - 1) % NUM_STAGES,
+                ROW_BYTES,
+                ROPE,
+                gather,
+                rope_gather,
+            )
             idx_next = _load_idx(idx_row, n + NUM_STAGES * BLOCK_N, end, BLOCK_N, rows_g)
         _dequantize(raw_k, raw_s, kv_smem, stage, gather)
         s = _issue_scores(kv_smem, q_smem, raw_r, qr_smem, stage, BLOCK_N, BLOCK_H, ROPE, s_layout)
         if NUM_STAGES == 1 and not ROPE:
             # One slot: refilled as soon as it is dequantized (RoPE lanes are read by the scores).
-            _issue_block(cache_ptr, idx_next, raw_k, raw_s, raw_r, idx_ring, 0, ROW_BYTES, ROPE,
-                         gather, rope_gather)
+            _issue_block(
+                cache_ptr,
+                idx_next,
+                raw_k,
+                raw_s,
+                raw_r,
+                idx_ring,
+                0,
+                ROW_BYTES,
+                ROPE,
+                gather,
+                rope_gather,
+            )
             idx_next = _load_idx(idx_row, n + 2 * BLOCK_N, end, BLOCK_N, rows_g)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         if NUM_STAGES == 1 and ROPE:
-            _issue_block(cache_ptr, idx_next, raw_k, raw_s, raw_r, idx_ring, 0, ROW_BYTES, ROPE,
-                         gather, rope_gather)
+            _issue_block(
+                cache_ptr,
+                idx_next,
+                raw_k,
+                raw_s,
+                raw_r,
+                idx_ring,
+                0,
+                ROW_BYTES,
+                ROPE,
+                gather,
+                rope_gather,
+            )
             idx_next = _load_idx(idx_row, n + 2 * BLOCK_N, end, BLOCK_N, rows_g)
-        o0, o1, o2, o3, m_i, l_i = _attend(s, valid, kv_smem, p_smem, o0, o1, o2, o3, m_i, l_i, qk_scale_log2,
-                                           o_layout)
+        o0, o1, o2, o3, m_i, l_i = _attend(
+            s, valid, kv_smem, p_smem, o0, o1, o2, o3, m_i, l_i, qk_scale_log2, o_layout
+        )
         stage = (stage + 1) % NUM_STAGES
     cp.wait_group(0)
 
-    _write_out(o0, o1, o2, o3, m_i, l_i, out_ptr, lse_ptr, tok, hb, split, heads,
-               stride_ot, stride_oh, stride_os, stride_lt, stride_ls, BLOCK_H, s_layout, o_layout)
+    _write_out(
+        o0,
+        o1,
+        o2,
+        o3,
+        m_i,
+        l_i,
+        out_ptr,
+        lse_ptr,
+        tok,
+        hb,
+        split,
+        heads,
+        stride_ot,
+        stride_oh,
+        stride_os,
+        stride_lt,
+        stride_ls,
+        BLOCK_H,
+        s_layout,
+        o_layout,
+    )
 
 
 @gluon.jit
-def _write_out(o0, o1, o2, o3, m_i, l_i, out_ptr, lse_ptr, tok, hb, split, heads,
-               stride_ot, stride_oh, stride_os, stride_lt, stride_ls,
-               BLOCK_H: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr):
+def _write_out(
+    o0,
+    o1,
+    o2,
+    o3,
+    m_i,
+    l_i,
+    out_ptr,
+    lse_ptr,
+    tok,
+    hb,
+    split,
+    heads,
+    stride_ot,
+    stride_oh,
+    stride_os,
+    stride_lt,
+    stride_ls,
+    BLOCK_H: gl.constexpr,
+    s_layout: gl.constexpr,
+    o_layout: gl.constexpr,
+):
     """Normalise O^T by the softmax denominator and store it with the natural-log LSE
     (rows with no valid entry: zeros and -inf)."""
     has = l_i > 0
     inv = gl.where(has, 1.0 / gl.where(has, l_i, 1.0), 0.0)
-    lse = gl.where(has, (m_i + gl.log2(gl.where(has, l_i, 1.0))) / 1.4426950408889634, float("-inf"))
+    lse = gl.where(
+        has, (m_i + gl.log2(gl.where(has, l_i, 1.0))) / 1.4426950408889634, float("-inf")
+    )
     inv_o = gl.expand_dims(gl.convert_layout(inv, gl.SliceLayout(0, o_layout)), 0)
     offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, o_layout))
     rows = gl.arange(0, TILE, layout=gl.SliceLayout(1, o_layout))
@@ -310,4 +468,8 @@ def _write_out(o0, o1, o2, o3, m_i, l_i, out_ptr, lse_ptr, tok, hb, split, heads
     gl.store(ptrs + 2 * TILE, (o2 * inv_o).to(ty), mask=omask)
     gl.store(ptrs + 3 * TILE, (o3 * inv_o).to(ty), mask=omask)
     lse_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, s_layout))
-    gl.store(lse_ptr + split.to(gl.int64) * stride_ls + tok.to(gl.int64) * stride_lt + lse_h, lse, mask=lse_h < heads)
+    gl.store(
+        lse_ptr + split.to(gl.int64) * stride_ls + tok.to(gl.int64) * stride_lt + lse_h,
+        lse,
+        mask=lse_h < heads,
+    )

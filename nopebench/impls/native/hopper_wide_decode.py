@@ -53,10 +53,19 @@ LAUNCH_REGS = 65536 // (32 * (8 + PRODUCER_WARPS)) // 8 * 8
 
 def launch_constants(plan, row_bytes: int) -> tuple[dict, dict]:
     """Constexprs and launch options for a `native.plan_hopper_wide` plan (launcher and build)."""
-    constants = dict(BLOCK_N=plan.block_n, ROW_BYTES=row_bytes, HEAD_BLOCKS=plan.head_blocks,
-                     ONE_SPLIT=plan.splits == 1,
-                     BLOCKS=plan.entries_per_split // plan.block_n, KV_BUFS=WIDE_KV_BUFS, P_BUFS=WIDE_P_BUFS,
-                     RING_SLOTS=plan.num_stages, P_WARPS=PRODUCER_WARPS, P_REGS=PRODUCER_REGS, R_REGS=RIGHT_REGS)
+    constants = dict(
+        BLOCK_N=plan.block_n,
+        ROW_BYTES=row_bytes,
+        HEAD_BLOCKS=plan.head_blocks,
+        ONE_SPLIT=plan.splits == 1,
+        BLOCKS=plan.entries_per_split // plan.block_n,
+        KV_BUFS=WIDE_KV_BUFS,
+        P_BUFS=WIDE_P_BUFS,
+        RING_SLOTS=plan.num_stages,
+        P_WARPS=PRODUCER_WARPS,
+        P_REGS=PRODUCER_REGS,
+        R_REGS=RIGHT_REGS,
+    )
     return constants, {"num_warps": 4, "maxnreg": LAUNCH_REGS}
 
 
@@ -102,8 +111,21 @@ def _half_product(p, kv_bufs, b, oa, ob, alpha, HALF: gl.constexpr, o_layout: gl
 
 
 @gluon.jit
-def _store_half(oa, ob, inv, out_ptr, tok, hb, split, heads, stride_ot, stride_oh, stride_os,
-                HALF: gl.constexpr, o_layout: gl.constexpr):
+def _store_half(
+    oa,
+    ob,
+    inv,
+    out_ptr,
+    tok,
+    hb,
+    split,
+    heads,
+    stride_ot,
+    stride_oh,
+    stride_os,
+    HALF: gl.constexpr,
+    o_layout: gl.constexpr,
+):
     """Normalise one half of O by the softmax denominator and store it."""
     inv_o = gl.expand_dims(gl.convert_layout(inv, gl.SliceLayout(1, o_layout)), 1)
     offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_layout))
@@ -117,13 +139,39 @@ def _store_half(oa, ob, inv, out_ptr, tok, hb, split, heads, stride_ot, stride_o
 
 
 @gluon.jit
-def _scorer(out_ptr, lse_ptr, idx_ptr, q_smem, kv_bufs, p_smem, a_smem, inv_smem,
-            full_bars, empty_bars, p_full, p_empty, fin_bar, q_bar,
-            heads, width, entries_per_split, qk_scale_log2, tokens,
-            stride_it, stride_ot, stride_oh, stride_os, stride_lt, stride_ls,
-            BLOCK_N: gl.constexpr, BLOCKS: gl.constexpr, HEAD_BLOCKS: gl.constexpr,
-            ONE_SPLIT: gl.constexpr, s_layout: gl.constexpr,
-            o_layout: gl.constexpr):
+def _scorer(
+    out_ptr,
+    lse_ptr,
+    idx_ptr,
+    q_smem,
+    kv_bufs,
+    p_smem,
+    a_smem,
+    inv_smem,
+    full_bars,
+    empty_bars,
+    p_full,
+    p_empty,
+    fin_bar,
+    q_bar,
+    heads,
+    width,
+    entries_per_split,
+    qk_scale_log2,
+    tokens,
+    stride_it,
+    stride_ot,
+    stride_oh,
+    stride_os,
+    stride_lt,
+    stride_ls,
+    BLOCK_N: gl.constexpr,
+    BLOCKS: gl.constexpr,
+    HEAD_BLOCKS: gl.constexpr,
+    ONE_SPLIT: gl.constexpr,
+    s_layout: gl.constexpr,
+    o_layout: gl.constexpr,
+):
     """Scores, online softmax and the left half of O."""
     keys: gl.constexpr = gl.SliceLayout(0, s_layout)
     # The block's index entries are loaded one or two per thread and then spread to the score
@@ -133,8 +181,9 @@ def _scorer(out_ptr, lse_ptr, idx_ptr, q_smem, kv_bufs, p_smem, a_smem, inv_smem
     bufs: gl.constexpr = kv_bufs[0].shape[0]
     p_regs: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     pid, nprog, splits, items = _stream(tokens, width, entries_per_split, HEAD_BLOCKS, ONE_SPLIT)
-    tok, hb, split, idx_row, start, end = _item(pid, idx_ptr, width, entries_per_split, stride_it, splits,
-                                                HEAD_BLOCKS)
+    tok, hb, split, idx_row, start, end = _item(
+        pid, idx_ptr, width, entries_per_split, stride_it, splits, HEAD_BLOCKS
+    )
     blocks = blocks_in_use(idx_row, start, end, BLOCKS, BLOCK_N, 4)
     oa = gl.zeros([BLOCK_H, TILE], gl.float32, o_layout)
     ob = gl.zeros([BLOCK_H, TILE], gl.float32, o_layout)
@@ -154,9 +203,13 @@ def _scorer(out_ptr, lse_ptr, idx_ptr, q_smem, kv_bufs, p_smem, a_smem, inv_smem
     p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, qk_scale_log2, KEYS=1)
     p16 = _hand_over(p, alpha, p_smem, a_smem, p_full, p_empty, 0)
     for i in range(1, blocks):
-        valid = gl.convert_layout(_load_idx(idx_row, start + i * BLOCK_N, end, BLOCK_N, idx_l) >= 0, keys)
+        valid = gl.convert_layout(
+            _load_idx(idx_row, start + i * BLOCK_N, end, BLOCK_N, idx_l) >= 0, keys
+        )
         prev = (i - 1) % bufs
-        oa, ob = _half_product(gl.convert_layout(p16, p_regs), kv_bufs, prev, oa, ob, alpha, 0, o_layout)
+        oa, ob = _half_product(
+            gl.convert_layout(p16, p_regs), kv_bufs, prev, oa, ob, alpha, 0, o_layout
+        )
         oa, ob = warpgroup_mma_wait(num_outstanding=0, deps=(oa, ob))
         mbarrier.arrive(empty_bars.index(prev), count=1)
         s = _block_scores(q_smem, kv_bufs, full_bars, i, BLOCK_N, s_layout)
@@ -164,7 +217,9 @@ def _scorer(out_ptr, lse_ptr, idx_ptr, q_smem, kv_bufs, p_smem, a_smem, inv_smem
         p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, qk_scale_log2, KEYS=1)
         p16 = _hand_over(p, alpha, p_smem, a_smem, p_full, p_empty, i)
     last = (blocks - 1) % bufs
-    oa, ob = _half_product(gl.convert_layout(p16, p_regs), kv_bufs, last, oa, ob, alpha, 0, o_layout)
+    oa, ob = _half_product(
+        gl.convert_layout(p16, p_regs), kv_bufs, last, oa, ob, alpha, 0, o_layout
+    )
     oa, ob = warpgroup_mma_wait(num_outstanding=0, deps=(oa, ob))
     mbarrier.arrive(empty_bars.index(last), count=1)
 
@@ -172,24 +227,57 @@ def _scorer(out_ptr, lse_ptr, idx_ptr, q_smem, kv_bufs, p_smem, a_smem, inv_smem
     inv = gl.where(has, 1.0 / gl.where(has, l_i, 1.0), 0.0)
     inv_smem.store(inv)
     mbarrier.arrive(fin_bar, count=1)
-    _store_half(oa, ob, inv, out_ptr, tok, hb, split, heads, stride_ot, stride_oh, stride_os, 0, o_layout)
-    lse = gl.where(has, (m_i + gl.log2(gl.where(has, l_i, 1.0))) / 1.4426950408889634, float("-inf"))
+    _store_half(
+        oa, ob, inv, out_ptr, tok, hb, split, heads, stride_ot, stride_oh, stride_os, 0, o_layout
+    )
+    lse = gl.where(
+        has, (m_i + gl.log2(gl.where(has, l_i, 1.0))) / 1.4426950408889634, float("-inf")
+    )
     offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_layout))
-    gl.store(lse_ptr + split.to(gl.int64) * stride_ls + tok.to(gl.int64) * stride_lt + offs_h, lse,
-             mask=offs_h < heads)
+    gl.store(
+        lse_ptr + split.to(gl.int64) * stride_ls + tok.to(gl.int64) * stride_lt + offs_h,
+        lse,
+        mask=offs_h < heads,
+    )
 
 
 @gluon.jit
-def _right(q_ptr, out_ptr, idx_ptr, q_smem, kv_bufs, p_smem, a_smem, inv_smem, empty_bars, p_full, p_empty,
-           fin_bar, q_bar, heads, width, entries_per_split, tokens, stride_qt, stride_qh, stride_it, stride_ot,
-           stride_oh, stride_os, BLOCKS: gl.constexpr, HEAD_BLOCKS: gl.constexpr,
-           ONE_SPLIT: gl.constexpr, o_layout: gl.constexpr,
-           q_layout: gl.constexpr):
+def _right(
+    q_ptr,
+    out_ptr,
+    idx_ptr,
+    q_smem,
+    kv_bufs,
+    p_smem,
+    a_smem,
+    inv_smem,
+    empty_bars,
+    p_full,
+    p_empty,
+    fin_bar,
+    q_bar,
+    heads,
+    width,
+    entries_per_split,
+    tokens,
+    stride_qt,
+    stride_qh,
+    stride_it,
+    stride_ot,
+    stride_oh,
+    stride_os,
+    BLOCKS: gl.constexpr,
+    HEAD_BLOCKS: gl.constexpr,
+    ONE_SPLIT: gl.constexpr,
+    o_layout: gl.constexpr,
+    q_layout: gl.constexpr,
+):
     """Stages q for the scorer (which keeps its registers for the loop), then the right half of
     O from the P the scorer shares; the tile goes back after each block."""
     pid, nprog, splits, items = _stream(tokens, width, entries_per_split, HEAD_BLOCKS, ONE_SPLIT)
-    tok, hb, split, idx_row, start, end = _item(pid, idx_ptr, width, entries_per_split, stride_it, splits,
-                                                HEAD_BLOCKS)
+    tok, hb, split, idx_row, start, end = _item(
+        pid, idx_ptr, width, entries_per_split, stride_it, splits, HEAD_BLOCKS
+    )
     _stage_q(q_ptr, q_smem, tok, hb, heads, stride_qt, stride_qh, BLOCK_H, q_layout)
     fence_async_shared()  # generic-proxy stores -> the scorer's wgmma
     mbarrier.arrive(q_bar, count=1)
@@ -208,28 +296,54 @@ def _right(q_ptr, out_ptr, idx_ptr, q_smem, kv_bufs, p_smem, a_smem, inv_smem, e
         mbarrier.arrive(empty_bars.index(i % bufs), count=1)
     mbarrier.wait(fin_bar, 0)
     inv = inv_smem.load(gl.SliceLayout(1, o_layout))
-    _store_half(oa, ob, inv, out_ptr, tok, hb, split, heads, stride_ot, stride_oh, stride_os, 1, o_layout)
+    _store_half(
+        oa, ob, inv, out_ptr, tok, hb, split, heads, stride_ot, stride_oh, stride_os, 1, o_layout
+    )
 
 
 @gluon.jit
 def hopper_wide_decode_kernel(
-    q_ptr, cache_ptr, idx_ptr, out_ptr, lse_ptr,
-    heads, width, entries_per_split, qk_scale_log2,
-    stride_qt, stride_qh, stride_it, stride_ot, stride_oh, stride_os, stride_lt, stride_ls, tokens,
-    BLOCK_N: gl.constexpr, ROW_BYTES: gl.constexpr, HEAD_BLOCKS: gl.constexpr,
-    ONE_SPLIT: gl.constexpr, BLOCKS: gl.constexpr,
-    KV_BUFS: gl.constexpr, P_BUFS: gl.constexpr, RING_SLOTS: gl.constexpr,
-    P_WARPS: gl.constexpr, P_REGS: gl.constexpr, R_REGS: gl.constexpr,
+    q_ptr,
+    cache_ptr,
+    idx_ptr,
+    out_ptr,
+    lse_ptr,
+    heads,
+    width,
+    entries_per_split,
+    qk_scale_log2,
+    stride_qt,
+    stride_qh,
+    stride_it,
+    stride_ot,
+    stride_oh,
+    stride_os,
+    stride_lt,
+    stride_ls,
+    tokens,
+    BLOCK_N: gl.constexpr,
+    ROW_BYTES: gl.constexpr,
+    HEAD_BLOCKS: gl.constexpr,
+    ONE_SPLIT: gl.constexpr,
+    BLOCKS: gl.constexpr,
+    KV_BUFS: gl.constexpr,
+    P_BUFS: gl.constexpr,
+    RING_SLOTS: gl.constexpr,
+    P_WARPS: gl.constexpr,
+    P_REGS: gl.constexpr,
+    R_REGS: gl.constexpr,
 ):
     # BLOCKS: BLOCK_N-row blocks per program (entries_per_split / BLOCK_N); KV_BUFS: dequantized
     # tiles; P_BUFS: P tiles handed to the right warpgroup; RING_SLOTS: producer
     # ring slots of 4 * P_WARPS rows; P_REGS, R_REGS: the producer's and right warpgroup's
     # register budgets (setmaxnreg).
     SUB: gl.constexpr = 4 * P_WARPS
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, TILE, 16])
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
+    )
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, TILE, 16]
+    )
     q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
     vec: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     q_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, TILE], gl.bfloat16)
@@ -256,15 +370,102 @@ def hopper_wide_decode_kernel(
     mbarrier.init(q_bar, count=1)
 
     gl.warp_specialize(
-        [(_scorer, (out_ptr, lse_ptr, idx_ptr, q_smem, kv_bufs, p_smem, a_smem, inv_smem,
-                    full_bars, empty_bars, p_full, p_empty, fin_bar, q_bar,
-                    heads, width, entries_per_split, qk_scale_log2, tokens,
-                    stride_it, stride_ot, stride_oh, stride_os, stride_lt, stride_ls,
-                    BLOCK_N, BLOCKS, HEAD_BLOCKS, ONE_SPLIT, s_layout, o_layout)),
-         (_right, (q_ptr, out_ptr, idx_ptr, q_smem, kv_bufs, p_smem, a_smem, inv_smem, empty_bars, p_full, p_empty,
-                   fin_bar, q_bar, heads, width, entries_per_split, tokens, stride_qt, stride_qh, stride_it,
-                   stride_ot, stride_oh, stride_os, BLOCKS, HEAD_BLOCKS, ONE_SPLIT, o_layout, q_layout)),
-         (_producer, (cache_ptr, idx_ptr, width, entries_per_split, stride_it, tokens, raw_k, raw_s, idx_ring,
-                      kv_bufs, full_bars, empty_bars, BLOCK_N, BLOCKS, ROW_BYTES, RING_SLOTS, P_WARPS,
-                      HEAD_BLOCKS, ONE_SPLIT, True))],
-        [4, P_WARPS], [R_REGS, P_REGS])
+        [
+            (
+                _scorer,
+                (
+                    out_ptr,
+                    lse_ptr,
+                    idx_ptr,
+                    q_smem,
+                    kv_bufs,
+                    p_smem,
+                    a_smem,
+                    inv_smem,
+                    full_bars,
+                    empty_bars,
+                    p_full,
+                    p_empty,
+                    fin_bar,
+                    q_bar,
+                    heads,
+                    width,
+                    entries_per_split,
+                    qk_scale_log2,
+                    tokens,
+                    stride_it,
+                    stride_ot,
+                    stride_oh,
+                    stride_os,
+                    stride_lt,
+                    stride_ls,
+                    BLOCK_N,
+                    BLOCKS,
+                    HEAD_BLOCKS,
+                    ONE_SPLIT,
+                    s_layout,
+                    o_layout,
+                ),
+            ),
+            (
+                _right,
+                (
+                    q_ptr,
+                    out_ptr,
+                    idx_ptr,
+                    q_smem,
+                    kv_bufs,
+                    p_smem,
+                    a_smem,
+                    inv_smem,
+                    empty_bars,
+                    p_full,
+                    p_empty,
+                    fin_bar,
+                    q_bar,
+                    heads,
+                    width,
+                    entries_per_split,
+                    tokens,
+                    stride_qt,
+                    stride_qh,
+                    stride_it,
+                    stride_ot,
+                    stride_oh,
+                    stride_os,
+                    BLOCKS,
+                    HEAD_BLOCKS,
+                    ONE_SPLIT,
+                    o_layout,
+                    q_layout,
+                ),
+            ),
+            (
+                _producer,
+                (
+                    cache_ptr,
+                    idx_ptr,
+                    width,
+                    entries_per_split,
+                    stride_it,
+                    tokens,
+                    raw_k,
+                    raw_s,
+                    idx_ring,
+                    kv_bufs,
+                    full_bars,
+                    empty_bars,
+                    BLOCK_N,
+                    BLOCKS,
+                    ROW_BYTES,
+                    RING_SLOTS,
+                    P_WARPS,
+                    HEAD_BLOCKS,
+                    ONE_SPLIT,
+                    True,
+                ),
+            ),
+        ],
+        [4, P_WARPS],
+        [R_REGS, P_REGS],
+    )

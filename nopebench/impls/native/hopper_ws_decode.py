@@ -68,10 +68,19 @@ def launch_regs(role_split: bool) -> int:
 def launch_constants(plan, row_bytes: int) -> tuple[dict, dict]:
     """The kernel's constexprs and launch options for a `native.plan_hopper_ws` plan: one source
     for the launcher and the compile-only build, so the build checks what runs."""
-    constants = dict(BLOCK_H=plan.block_h, BLOCK_N=plan.block_n, ROW_BYTES=row_bytes, HEAD_BLOCKS=plan.head_blocks,
-                     BLOCKS=plan.entries_per_split // plan.block_n, RING_SLOTS=plan.num_stages,
-                     ROLE_SPLIT=plan.role_split, C_WARPS=CONSUMER_WARPS, P_WARPS=PRODUCER_WARPS,
-                     P_REGS=PRODUCER_REGS, S_REGS=SCORER_REGS)
+    constants = dict(
+        BLOCK_H=plan.block_h,
+        BLOCK_N=plan.block_n,
+        ROW_BYTES=row_bytes,
+        HEAD_BLOCKS=plan.head_blocks,
+        BLOCKS=plan.entries_per_split // plan.block_n,
+        RING_SLOTS=plan.num_stages,
+        ROLE_SPLIT=plan.role_split,
+        C_WARPS=CONSUMER_WARPS,
+        P_WARPS=PRODUCER_WARPS,
+        P_REGS=PRODUCER_REGS,
+        S_REGS=SCORER_REGS,
+    )
     return constants, {"num_warps": CONSUMER_WARPS, "maxnreg": launch_regs(plan.role_split)}
 
 
@@ -95,11 +104,20 @@ def _item(item, idx_ptr, width, entries_per_split, stride_it, splits, HEAD_BLOCK
     tok = item // splits // HEAD_BLOCKS
     hb = item // splits % HEAD_BLOCKS
     start = split * entries_per_split
-    return tok, hb, split, idx_ptr + tok.to(gl.int64) * stride_it, start, gl.minimum(start + entries_per_split, width)
+    return (
+        tok,
+        hb,
+        split,
+        idx_ptr + tok.to(gl.int64) * stride_it,
+        start,
+        gl.minimum(start + entries_per_split, width),
+    )
 
 
 @gluon.jit
-def blocks_in_use(idx_row, start, end, BLOCKS: gl.constexpr, BLOCK_N: gl.constexpr, WARPS: gl.constexpr):
+def blocks_in_use(
+    idx_row, start, end, BLOCKS: gl.constexpr, BLOCK_N: gl.constexpr, WARPS: gl.constexpr
+):
     """The item's BLOCK_N-entry blocks up to the last that holds a valid entry (at least one).
     Top-k rows end in -1 padding (2051 of 2176 entries in the issue's case), and a block of -1
     entries changes neither O nor the softmax state, so it is skipped. Scans back from the end,
@@ -111,35 +129,72 @@ def blocks_in_use(idx_row, start, end, BLOCKS: gl.constexpr, BLOCK_N: gl.constex
     if BLOCKS > 1:  # (Triton 3.6 fails to compile the loop when its condition is constant false)
         empty = n > 1
         while empty:
-            empty = gl.max(_load_idx(idx_row, start + (n - 1) * BLOCK_N, end, BLOCK_N, every_warp), axis=0) < 0
+            empty = (
+                gl.max(
+                    _load_idx(idx_row, start + (n - 1) * BLOCK_N, end, BLOCK_N, every_warp), axis=0
+                )
+                < 0
+            )
             n = gl.where(empty, n - 1, n)
             empty = empty & (n > 1)
     return n
 
 
 @gluon.jit
-def _sub_block(k, stream, idx_ptr, width, entries_per_split, stride_it,
-               SUB: gl.constexpr, SUBS_PER_ITEM: gl.constexpr, HEAD_BLOCKS: gl.constexpr, ONE_ITEM: gl.constexpr):
+def _sub_block(
+    k,
+    stream,
+    idx_ptr,
+    width,
+    entries_per_split,
+    stride_it,
+    SUB: gl.constexpr,
+    SUBS_PER_ITEM: gl.constexpr,
+    HEAD_BLOCKS: gl.constexpr,
+    ONE_ITEM: gl.constexpr,
+):
     """The k-th SUB-row sub-block of this program's `stream` (`_stream`'s tuple): its index row,
     first entry and the end of its item's range (0 past the last item, so nothing is gathered).
     ONE_ITEM (one program per item): sub-blocks past the item start past its end, so the run-time
     divisions by the sub-blocks per item are not needed."""
     pid, nprog, splits, items = stream
     if ONE_ITEM:
-        _, _, _, idx_row, start, end = _item(pid, idx_ptr, width, entries_per_split, stride_it, splits, HEAD_BLOCKS)
+        _, _, _, idx_row, start, end = _item(
+            pid, idx_ptr, width, entries_per_split, stride_it, splits, HEAD_BLOCKS
+        )
         first = start + k * SUB
     else:
         item = pid + (k // SUBS_PER_ITEM) * nprog
-        _, _, _, idx_row, start, end = _item(gl.minimum(item, items - 1), idx_ptr, width, entries_per_split,
-                                             stride_it, splits, HEAD_BLOCKS)
+        _, _, _, idx_row, start, end = _item(
+            gl.minimum(item, items - 1),
+            idx_ptr,
+            width,
+            entries_per_split,
+            stride_it,
+            splits,
+            HEAD_BLOCKS,
+        )
         first = start + (k % SUBS_PER_ITEM) * SUB
         end = gl.where(item < items, end, 0)
     return idx_row, first, end
 
 
 @gluon.jit
-def _gather_block(cache_ptr, idx, raw_k, raw_s, slot, idx_row, idx_n0, end, idx_ring,
-                  ROW_BYTES: gl.constexpr, gather: gl.constexpr, scales_l: gl.constexpr, idx_l: gl.constexpr):
+def _gather_block(
+    cache_ptr,
+    idx,
+    raw_k,
+    raw_s,
+    slot,
+    idx_row,
+    idx_n0,
+    end,
+    idx_ring,
+    ROW_BYTES: gl.constexpr,
+    gather: gl.constexpr,
+    scales_l: gl.constexpr,
+    idx_l: gl.constexpr,
+):
     """One commit group into ring slot `slot`: the rows `idx` names, and the index entries from
     `idx_n0` on, which a later refill of the slot will gather: so no index load is waited on."""
     _copy_rows(cache_ptr, idx, raw_k, raw_s, slot, ROW_BYTES, gather, scales_l)
@@ -161,10 +216,28 @@ def _tile_scale(scales, tile_of, t: gl.constexpr, AS_INT: gl.constexpr):
 
 
 @gluon.jit
-def _producer(cache_ptr, idx_ptr, width, entries_per_split, stride_it, tokens, raw_k, raw_s, idx_ring, kv_bufs,
-              full_bars, empty_bars, BLOCK_N: gl.constexpr, BLOCKS: gl.constexpr, ROW_BYTES: gl.constexpr,
-              RING_SLOTS: gl.constexpr, P_WARPS: gl.constexpr, HEAD_BLOCKS: gl.constexpr, ONE_SPLIT: gl.constexpr,
-              ONE_ITEM: gl.constexpr):
+def _producer(
+    cache_ptr,
+    idx_ptr,
+    width,
+    entries_per_split,
+    stride_it,
+    tokens,
+    raw_k,
+    raw_s,
+    idx_ring,
+    kv_bufs,
+    full_bars,
+    empty_bars,
+    BLOCK_N: gl.constexpr,
+    BLOCKS: gl.constexpr,
+    ROW_BYTES: gl.constexpr,
+    RING_SLOTS: gl.constexpr,
+    P_WARPS: gl.constexpr,
+    HEAD_BLOCKS: gl.constexpr,
+    ONE_SPLIT: gl.constexpr,
+    ONE_ITEM: gl.constexpr,
+):
     """Gathers and dequantizes every block of every item into the tile the consumers freed.
     ONE_ITEM: the grid has one program per item, and the item's trailing blocks of -1 entries
     are skipped (`blocks_in_use`; every role of the kernel skips the same ones)."""
@@ -181,18 +254,53 @@ def _producer(cache_ptr, idx_ptr, width, entries_per_split, stride_it, tokens, r
     # Dequantization: 8 bytes in, one 16-byte store out per thread, a warp's stores spread over
     # all banks of the swizzled tile (the gather layout's 32-byte runs conflict: 5% slower).
     deq: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [P_WARPS, 1], [1, 0])
-    deq_scales: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [P_WARPS, 1], [1, 0])  # its rows, 4 scales each
+    deq_scales: gl.constexpr = gl.BlockedLayout(
+        [1, 4], [2, 16], [P_WARPS, 1], [1, 0]
+    )  # its rows, 4 scales each
     rows_g: gl.constexpr = gl.SliceLayout(1, gather)
     tile_of = gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, deq_scales)), 0)
     stream = _stream(tokens, width, entries_per_split, HEAD_BLOCKS, ONE_SPLIT)
     pid, nprog, splits, items = stream
     for j in gl.static_range(RING_SLOTS):
-        row, n0, end = _sub_block(j, stream, idx_ptr, width, entries_per_split, stride_it, SUB, PER_ITEM,
-                                  HEAD_BLOCKS, ONE_ITEM)
-        nrow, nn0, nend = _sub_block(j + RING_SLOTS, stream, idx_ptr, width, entries_per_split, stride_it, SUB,
-                                     PER_ITEM, HEAD_BLOCKS, ONE_ITEM)
-        _gather_block(cache_ptr, _load_idx(row, n0, end, SUB, rows_g), raw_k, raw_s, j, nrow, nn0, nend, idx_ring,
-                      ROW_BYTES, gather, scales_l, idx_l)
+        row, n0, end = _sub_block(
+            j,
+            stream,
+            idx_ptr,
+            width,
+            entries_per_split,
+            stride_it,
+            SUB,
+            PER_ITEM,
+            HEAD_BLOCKS,
+            ONE_ITEM,
+        )
+        nrow, nn0, nend = _sub_block(
+            j + RING_SLOTS,
+            stream,
+            idx_ptr,
+            width,
+            entries_per_split,
+            stride_it,
+            SUB,
+            PER_ITEM,
+            HEAD_BLOCKS,
+            ONE_ITEM,
+        )
+        _gather_block(
+            cache_ptr,
+            _load_idx(row, n0, end, SUB, rows_g),
+            raw_k,
+            raw_s,
+            j,
+            nrow,
+            nn0,
+            nend,
+            idx_ring,
+            ROW_BYTES,
+            gather,
+            scales_l,
+            idx_l,
+        )
     bufs: gl.constexpr = kv_bufs[0].shape[0]  # dequantized tiles the consumers cycle through
     if ONE_ITEM:  # (a constexpr if: only the taken branch is compiled)
         item = _item(pid, idx_ptr, width, entries_per_split, stride_it, splits, HEAD_BLOCKS)
@@ -205,32 +313,77 @@ def _producer(cache_ptr, idx_ptr, width, entries_per_split, stride_it, tokens, r
         for j in gl.static_range(SUBS):
             k = g * SUBS + j
             slot = k % RING_SLOTS
-            cp.wait_group(RING_SLOTS - 1)  # sub-block k has landed, with the indices of k + RING_SLOTS
+            cp.wait_group(
+                RING_SLOTS - 1
+            )  # sub-block k has landed, with the indices of k + RING_SLOTS
             # The slot's loads, then the tile's stores (timed the same as interleaving them).
             scales = raw_s.index(slot).load(deq_scales)
-            raw = (raw_k[0].index(slot).load(deq), raw_k[1].index(slot).load(deq),
-                   raw_k[2].index(slot).load(deq), raw_k[3].index(slot).load(deq))
+            raw = (
+                raw_k[0].index(slot).load(deq),
+                raw_k[1].index(slot).load(deq),
+                raw_k[2].index(slot).load(deq),
+                raw_k[3].index(slot).load(deq),
+            )
             for t in gl.static_range(4):
-                scale = gl.convert_layout(_tile_scale(scales, tile_of, t, ONE_ITEM), gl.SliceLayout(1, deq))
-                kv = raw[t].to(gl.float8e4nv, bitcast=True).to(gl.float32) * gl.expand_dims(scale, 1)
+                scale = gl.convert_layout(
+                    _tile_scale(scales, tile_of, t, ONE_ITEM), gl.SliceLayout(1, deq)
+                )
+                kv = raw[t].to(gl.float8e4nv, bitcast=True).to(gl.float32) * gl.expand_dims(
+                    scale, 1
+                )
                 kv_bufs[t].index(b).slice(j * SUB, SUB).store(kv.to(gl.bfloat16))
             # Dequantized: refill the slot with sub-block k + RING_SLOTS (cp.async zero-fills
             # entries past `end`, so the range mask is applied again here).
-            _, n1, end1 = _sub_block(k + RING_SLOTS, stream, idx_ptr, width, entries_per_split, stride_it, SUB,
-                                     PER_ITEM, HEAD_BLOCKS, ONE_ITEM)
+            _, n1, end1 = _sub_block(
+                k + RING_SLOTS,
+                stream,
+                idx_ptr,
+                width,
+                entries_per_split,
+                stride_it,
+                SUB,
+                PER_ITEM,
+                HEAD_BLOCKS,
+                ONE_ITEM,
+            )
             offs = n1 + gl.arange(0, SUB, layout=rows_g)
             idx = gl.where(offs < end1, idx_ring.index(slot).load(rows_g), -1)
-            nrow, nn0, nend = _sub_block(k + 2 * RING_SLOTS, stream, idx_ptr, width, entries_per_split, stride_it,
-                                         SUB, PER_ITEM, HEAD_BLOCKS, ONE_ITEM)
-            _gather_block(cache_ptr, idx, raw_k, raw_s, slot, nrow, nn0, nend, idx_ring, ROW_BYTES, gather,
-                          scales_l, idx_l)
+            nrow, nn0, nend = _sub_block(
+                k + 2 * RING_SLOTS,
+                stream,
+                idx_ptr,
+                width,
+                entries_per_split,
+                stride_it,
+                SUB,
+                PER_ITEM,
+                HEAD_BLOCKS,
+                ONE_ITEM,
+            )
+            _gather_block(
+                cache_ptr,
+                idx,
+                raw_k,
+                raw_s,
+                slot,
+                nrow,
+                nn0,
+                nend,
+                idx_ring,
+                ROW_BYTES,
+                gather,
+                scales_l,
+                idx_l,
+            )
         fence_async_shared()  # generic-proxy stores -> the consumers' wgmma (async proxy)
         mbarrier.arrive(full_bars.index(b), count=1)
     cp.wait_group(0)
 
 
 @gluon.jit
-def _producer_buffers(RING_SLOTS: gl.constexpr, SUB: gl.constexpr, KV_BUFS: gl.constexpr, BLOCK_N: gl.constexpr):
+def _producer_buffers(
+    RING_SLOTS: gl.constexpr, SUB: gl.constexpr, KV_BUFS: gl.constexpr, BLOCK_N: gl.constexpr
+):
     """The shared memory `_producer` works in: the gather ring (fp8 tiles, tile scales and the
     index entries of each slot's next refill, RING_SLOTS slots of SUB rows) and the KV_BUFS
     dequantized bf16 tiles it fills for the consumers' wgmma."""
@@ -238,7 +391,9 @@ def _producer_buffers(RING_SLOTS: gl.constexpr, SUB: gl.constexpr, KV_BUFS: gl.c
     kv_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, TILE], gl.bfloat16)
     raw_k = _per_tile(gl.uint8, [RING_SLOTS, SUB, TILE], plain)
     raw_s = gl.allocate_shared_memory(gl.float32, [RING_SLOTS, SUB, 4], plain)
-    idx_ring = gl.allocate_shared_memory(gl.int32, [RING_SLOTS, SUB], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    idx_ring = gl.allocate_shared_memory(
+        gl.int32, [RING_SLOTS, SUB], gl.SwizzledSharedLayout(1, 1, 1, [0])
+    )
     return raw_k, raw_s, idx_ring, _per_tile(gl.bfloat16, [KV_BUFS, BLOCK_N, TILE], kv_shared)
 
 
@@ -248,51 +403,144 @@ def _tile(kv_bufs, b):
 
 
 @gluon.jit
-def _scores(q_smem, kv_bufs, full_bars, g, BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr, s_layout: gl.constexpr):
+def _scores(
+    q_smem,
+    kv_bufs,
+    full_bars,
+    g,
+    BLOCK_N: gl.constexpr,
+    BLOCK_H: gl.constexpr,
+    s_layout: gl.constexpr,
+):
     """Waits for stream block g's tile and returns its scores S^T = K Q^T."""
     b = g % NUM_BUF
     mbarrier.wait(full_bars.index(b), (g // NUM_BUF) & 1)
-    s = _issue_scores(_tile(kv_bufs, b), q_smem, q_smem, q_smem, 0, BLOCK_N, BLOCK_H, False, s_layout)
+    s = _issue_scores(
+        _tile(kv_bufs, b), q_smem, q_smem, q_smem, 0, BLOCK_N, BLOCK_H, False, s_layout
+    )
     return warpgroup_mma_wait(num_outstanding=0, deps=(s,))
 
 
 @gluon.jit
-def _consumer(q_ptr, out_ptr, lse_ptr, idx_ptr, q_smem, kv_bufs, p_smem, full_bars, empty_bars,
-              heads, width, entries_per_split, qk_scale_log2, tokens,
-              stride_qt, stride_qh, stride_it, stride_ot, stride_oh, stride_os, stride_lt, stride_ls,
-              BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr, BLOCKS: gl.constexpr, HEAD_BLOCKS: gl.constexpr,
-              acc_layout: gl.constexpr, q_layout: gl.constexpr):
+def _consumer(
+    q_ptr,
+    out_ptr,
+    lse_ptr,
+    idx_ptr,
+    q_smem,
+    kv_bufs,
+    p_smem,
+    full_bars,
+    empty_bars,
+    heads,
+    width,
+    entries_per_split,
+    qk_scale_log2,
+    tokens,
+    stride_qt,
+    stride_qh,
+    stride_it,
+    stride_ot,
+    stride_oh,
+    stride_os,
+    stride_lt,
+    stride_ls,
+    BLOCK_N: gl.constexpr,
+    BLOCK_H: gl.constexpr,
+    BLOCKS: gl.constexpr,
+    HEAD_BLOCKS: gl.constexpr,
+    acc_layout: gl.constexpr,
+    q_layout: gl.constexpr,
+):
     """One warpgroup, one item (this consumer's grid is one program per item: looping over
     items, the addresses it hoists out of the loop spill at 32 heads): stage q, then per block
     scores, online softmax and output product in turn (the tile goes back after each)."""
     rows_s: gl.constexpr = gl.SliceLayout(1, acc_layout)
     pid, nprog, splits, items = _stream(tokens, width, entries_per_split, HEAD_BLOCKS, False)
-    tok, hb, split, idx_row, start, end = _item(pid, idx_ptr, width, entries_per_split, stride_it, splits, HEAD_BLOCKS)
+    tok, hb, split, idx_row, start, end = _item(
+        pid, idx_ptr, width, entries_per_split, stride_it, splits, HEAD_BLOCKS
+    )
     _stage_q(q_ptr, q_smem, tok, hb, heads, stride_qt, stride_qh, BLOCK_H, q_layout)
     fence_async_shared()
     o0, o1, o2, o3, m_i, l_i = _empty_state(BLOCK_H, acc_layout, acc_layout)
     for i in range(BLOCKS):
         valid = _load_idx(idx_row, start + i * BLOCK_N, end, BLOCK_N, rows_s) >= 0
         s = _scores(q_smem, kv_bufs, full_bars, i, BLOCK_N, BLOCK_H, acc_layout)
-        o0, o1, o2, o3, m_i, l_i = _attend(s, valid, _tile(kv_bufs, i % NUM_BUF), p_smem.index(0),
-                                           o0, o1, o2, o3, m_i, l_i, qk_scale_log2, acc_layout)
+        o0, o1, o2, o3, m_i, l_i = _attend(
+            s,
+            valid,
+            _tile(kv_bufs, i % NUM_BUF),
+            p_smem.index(0),
+            o0,
+            o1,
+            o2,
+            o3,
+            m_i,
+            l_i,
+            qk_scale_log2,
+            acc_layout,
+        )
         mbarrier.arrive(empty_bars.index(i % NUM_BUF), count=1)
-    _write_out(o0, o1, o2, o3, m_i, l_i, out_ptr, lse_ptr, tok, hb, split, heads,
-               stride_ot, stride_oh, stride_os, stride_lt, stride_ls, BLOCK_H, acc_layout, acc_layout)
+    _write_out(
+        o0,
+        o1,
+        o2,
+        o3,
+        m_i,
+        l_i,
+        out_ptr,
+        lse_ptr,
+        tok,
+        hb,
+        split,
+        heads,
+        stride_ot,
+        stride_oh,
+        stride_os,
+        stride_lt,
+        stride_ls,
+        BLOCK_H,
+        acc_layout,
+        acc_layout,
+    )
 
 
 @gluon.jit
-def _scorer(q_ptr, idx_ptr, q_smem, kv_bufs, p_smem, a_smem, ml_smem, full_bars, p_full, p_empty, fin_bars,
-            heads, width, entries_per_split, qk_scale_log2, tokens, stride_qt, stride_qh, stride_it,
-            BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr, BLOCKS: gl.constexpr, HEAD_BLOCKS: gl.constexpr,
-            s_layout: gl.constexpr, q_layout: gl.constexpr):
+def _scorer(
+    q_ptr,
+    idx_ptr,
+    q_smem,
+    kv_bufs,
+    p_smem,
+    a_smem,
+    ml_smem,
+    full_bars,
+    p_full,
+    p_empty,
+    fin_bars,
+    heads,
+    width,
+    entries_per_split,
+    qk_scale_log2,
+    tokens,
+    stride_qt,
+    stride_qh,
+    stride_it,
+    BLOCK_N: gl.constexpr,
+    BLOCK_H: gl.constexpr,
+    BLOCKS: gl.constexpr,
+    HEAD_BLOCKS: gl.constexpr,
+    s_layout: gl.constexpr,
+    q_layout: gl.constexpr,
+):
     """ROLE_SPLIT's first consumer, every item: stage q, then per block the scores and online
     softmax; P and the rescale factor go to the accumulator, and the final max and sum too."""
     rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     pid, nprog, splits, items = _stream(tokens, width, entries_per_split, HEAD_BLOCKS, False)
     for it in range(gl.cdiv(items - pid, nprog)):
-        tok, hb, split, idx_row, start, end = _item(pid + it * nprog, idx_ptr, width, entries_per_split, stride_it,
-                                                    splits, HEAD_BLOCKS)
+        tok, hb, split, idx_row, start, end = _item(
+            pid + it * nprog, idx_ptr, width, entries_per_split, stride_it, splits, HEAD_BLOCKS
+        )
         _stage_q(q_ptr, q_smem, tok, hb, heads, stride_qt, stride_qh, BLOCK_H, q_layout)
         fence_async_shared()
         m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(0, s_layout))
@@ -303,7 +551,9 @@ def _scorer(q_ptr, idx_ptr, q_smem, kv_bufs, p_smem, a_smem, ml_smem, full_bars,
             valid = _load_idx(idx_row, start + i * BLOCK_N, end, BLOCK_N, rows_s) >= 0
             s = _scores(q_smem, kv_bufs, full_bars, g, BLOCK_N, BLOCK_H, s_layout)
             p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, qk_scale_log2)
-            mbarrier.wait(p_empty.index(b), ((g // NUM_BUF) & 1) ^ 1)  # P tile b is free (both start free)
+            mbarrier.wait(
+                p_empty.index(b), ((g // NUM_BUF) & 1) ^ 1
+            )  # P tile b is free (both start free)
             p_smem.index(b).store(p.to(gl.bfloat16))
             a_smem.index(b).store(alpha)
             fence_async_shared()  # P -> the accumulator's wgmma
@@ -315,10 +565,33 @@ def _scorer(q_ptr, idx_ptr, q_smem, kv_bufs, p_smem, a_smem, ml_smem, full_bars,
 
 
 @gluon.jit
-def _accumulator(out_ptr, lse_ptr, idx_ptr, kv_bufs, p_smem, a_smem, ml_smem, empty_bars, p_full, p_empty, fin_bars,
-                 heads, width, entries_per_split, tokens, stride_it, stride_ot, stride_oh, stride_os, stride_lt,
-                 stride_ls, BLOCK_H: gl.constexpr, BLOCKS: gl.constexpr, HEAD_BLOCKS: gl.constexpr,
-                 o_layout: gl.constexpr):
+def _accumulator(
+    out_ptr,
+    lse_ptr,
+    idx_ptr,
+    kv_bufs,
+    p_smem,
+    a_smem,
+    ml_smem,
+    empty_bars,
+    p_full,
+    p_empty,
+    fin_bars,
+    heads,
+    width,
+    entries_per_split,
+    tokens,
+    stride_it,
+    stride_ot,
+    stride_oh,
+    stride_os,
+    stride_lt,
+    stride_ls,
+    BLOCK_H: gl.constexpr,
+    BLOCKS: gl.constexpr,
+    HEAD_BLOCKS: gl.constexpr,
+    o_layout: gl.constexpr,
+):
     """ROLE_SPLIT's second consumer, every item: the output product of each block as the scorer
     hands over its P (then the tile goes back), then normalise and store."""
     pid, nprog, splits, items = _stream(tokens, width, entries_per_split, HEAD_BLOCKS, False)
@@ -329,7 +602,9 @@ def _accumulator(out_ptr, lse_ptr, idx_ptr, kv_bufs, p_smem, a_smem, ml_smem, em
             b = g % NUM_BUF
             mbarrier.wait(p_full.index(b), (g // NUM_BUF) & 1)
             alpha = a_smem.index(b).load(gl.SliceLayout(0, o_layout))
-            o0, o1, o2, o3 = _issue_output(_tile(kv_bufs, b), p_smem.index(b), o0, o1, o2, o3, alpha, o_layout)
+            o0, o1, o2, o3 = _issue_output(
+                _tile(kv_bufs, b), p_smem.index(b), o0, o1, o2, o3, alpha, o_layout
+            )
             o0, o1, o2, o3 = warpgroup_mma_wait(num_outstanding=0, deps=(o0, o1, o2, o3))
             mbarrier.arrive(p_empty.index(b), count=1)
             mbarrier.arrive(empty_bars.index(b), count=1)
@@ -337,20 +612,64 @@ def _accumulator(out_ptr, lse_ptr, idx_ptr, kv_bufs, p_smem, a_smem, ml_smem, em
         mbarrier.wait(fin_bars.index(f), (it // 2) & 1)
         m_i = ml_smem.index(2 * f).load(gl.SliceLayout(0, o_layout))
         l_i = ml_smem.index(2 * f + 1).load(gl.SliceLayout(0, o_layout))
-        tok, hb, split, _, _, _ = _item(pid + it * nprog, idx_ptr, width, entries_per_split, stride_it, splits,
-                                        HEAD_BLOCKS)
-        _write_out(o0, o1, o2, o3, m_i, l_i, out_ptr, lse_ptr, tok, hb, split, heads,
-                   stride_ot, stride_oh, stride_os, stride_lt, stride_ls, BLOCK_H, o_layout, o_layout)
+        tok, hb, split, _, _, _ = _item(
+            pid + it * nprog, idx_ptr, width, entries_per_split, stride_it, splits, HEAD_BLOCKS
+        )
+        _write_out(
+            o0,
+            o1,
+            o2,
+            o3,
+            m_i,
+            l_i,
+            out_ptr,
+            lse_ptr,
+            tok,
+            hb,
+            split,
+            heads,
+            stride_ot,
+            stride_oh,
+            stride_os,
+            stride_lt,
+            stride_ls,
+            BLOCK_H,
+            o_layout,
+            o_layout,
+        )
 
 
 @gluon.jit
 def hopper_ws_decode_kernel(
-    q_ptr, cache_ptr, idx_ptr, out_ptr, lse_ptr,
-    heads, width, entries_per_split, qk_scale_log2,
-    stride_qt, stride_qh, stride_it, stride_ot, stride_oh, stride_os, stride_lt, stride_ls, tokens,
-    BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, ROW_BYTES: gl.constexpr, HEAD_BLOCKS: gl.constexpr,
-    BLOCKS: gl.constexpr, RING_SLOTS: gl.constexpr, ROLE_SPLIT: gl.constexpr,
-    C_WARPS: gl.constexpr, P_WARPS: gl.constexpr, P_REGS: gl.constexpr, S_REGS: gl.constexpr,
+    q_ptr,
+    cache_ptr,
+    idx_ptr,
+    out_ptr,
+    lse_ptr,
+    heads,
+    width,
+    entries_per_split,
+    qk_scale_log2,
+    stride_qt,
+    stride_qh,
+    stride_it,
+    stride_ot,
+    stride_oh,
+    stride_os,
+    stride_lt,
+    stride_ls,
+    tokens,
+    BLOCK_H: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    ROW_BYTES: gl.constexpr,
+    HEAD_BLOCKS: gl.constexpr,
+    BLOCKS: gl.constexpr,
+    RING_SLOTS: gl.constexpr,
+    ROLE_SPLIT: gl.constexpr,
+    C_WARPS: gl.constexpr,
+    P_WARPS: gl.constexpr,
+    P_REGS: gl.constexpr,
+    S_REGS: gl.constexpr,
 ):
     # BLOCKS: BLOCK_N-row blocks per item (entries_per_split / BLOCK_N); C_WARPS: each consumer
     # role's warps (one warpgroup, the kernel's num_warps); P_WARPS, P_REGS, S_REGS: the producer's
@@ -359,8 +678,9 @@ def hopper_ws_decode_kernel(
     SUB: gl.constexpr = 4 * P_WARPS
     # The wgmma accumulator layout of both products: S^T (BLOCK_N x BLOCK_H) and each 128-row
     # tile of O^T have BLOCK_H columns, so one layout serves scores, P and the output.
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[C_WARPS, 1],
-                                                         instr_shape=[16, BLOCK_H, 16])
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[C_WARPS, 1], instr_shape=[16, BLOCK_H, 16]
+    )
     q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [C_WARPS, 1], [1, 0])
     vec: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     q_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, TILE], gl.bfloat16)
@@ -390,23 +710,158 @@ def hopper_ws_decode_kernel(
             mbarrier.init(p_empty.index(b), count=1)
             mbarrier.init(fin_bars.index(b), count=1)
         gl.warp_specialize(
-            [(_accumulator, (out_ptr, lse_ptr, idx_ptr, kv_bufs, p_smem, a_smem, ml_smem, empty_bars, p_full, p_empty,
-                             fin_bars, heads, width, entries_per_split, tokens, stride_it, stride_ot, stride_oh,
-                             stride_os, stride_lt, stride_ls, BLOCK_H, BLOCKS, HEAD_BLOCKS, acc_layout)),
-             (_scorer, (q_ptr, idx_ptr, q_smem, kv_bufs, p_smem, a_smem, ml_smem, full_bars, p_full, p_empty, fin_bars,
-                        heads, width, entries_per_split, qk_scale_log2, tokens, stride_qt, stride_qh, stride_it,
-                        BLOCK_N, BLOCK_H, BLOCKS, HEAD_BLOCKS, acc_layout, q_layout)),
-             (_producer, (cache_ptr, idx_ptr, width, entries_per_split, stride_it, tokens, raw_k, raw_s, idx_ring,
-                          kv_bufs, full_bars, empty_bars, BLOCK_N, BLOCKS, ROW_BYTES, RING_SLOTS, P_WARPS,
-                          HEAD_BLOCKS, False, False))],
-            [C_WARPS, P_WARPS], [S_REGS, P_REGS])
+            [
+                (
+                    _accumulator,
+                    (
+                        out_ptr,
+                        lse_ptr,
+                        idx_ptr,
+                        kv_bufs,
+                        p_smem,
+                        a_smem,
+                        ml_smem,
+                        empty_bars,
+                        p_full,
+                        p_empty,
+                        fin_bars,
+                        heads,
+                        width,
+                        entries_per_split,
+                        tokens,
+                        stride_it,
+                        stride_ot,
+                        stride_oh,
+                        stride_os,
+                        stride_lt,
+                        stride_ls,
+                        BLOCK_H,
+                        BLOCKS,
+                        HEAD_BLOCKS,
+                        acc_layout,
+                    ),
+                ),
+                (
+                    _scorer,
+                    (
+                        q_ptr,
+                        idx_ptr,
+                        q_smem,
+                        kv_bufs,
+                        p_smem,
+                        a_smem,
+                        ml_smem,
+                        full_bars,
+                        p_full,
+                        p_empty,
+                        fin_bars,
+                        heads,
+                        width,
+                        entries_per_split,
+                        qk_scale_log2,
+                        tokens,
+                        stride_qt,
+                        stride_qh,
+                        stride_it,
+                        BLOCK_N,
+                        BLOCK_H,
+                        BLOCKS,
+                        HEAD_BLOCKS,
+                        acc_layout,
+                        q_layout,
+                    ),
+                ),
+                (
+                    _producer,
+                    (
+                        cache_ptr,
+                        idx_ptr,
+                        width,
+                        entries_per_split,
+                        stride_it,
+                        tokens,
+                        raw_k,
+                        raw_s,
+                        idx_ring,
+                        kv_bufs,
+                        full_bars,
+                        empty_bars,
+                        BLOCK_N,
+                        BLOCKS,
+                        ROW_BYTES,
+                        RING_SLOTS,
+                        P_WARPS,
+                        HEAD_BLOCKS,
+                        False,
+                        False,
+                    ),
+                ),
+            ],
+            [C_WARPS, P_WARPS],
+            [S_REGS, P_REGS],
+        )
     else:
         gl.warp_specialize(
-            [(_consumer, (q_ptr, out_ptr, lse_ptr, idx_ptr, q_smem, kv_bufs, p_smem, full_bars, empty_bars,
-                          heads, width, entries_per_split, qk_scale_log2, tokens,
-                          stride_qt, stride_qh, stride_it, stride_ot, stride_oh, stride_os, stride_lt, stride_ls,
-                          BLOCK_N, BLOCK_H, BLOCKS, HEAD_BLOCKS, acc_layout, q_layout)),
-             (_producer, (cache_ptr, idx_ptr, width, entries_per_split, stride_it, tokens, raw_k, raw_s, idx_ring,
-                          kv_bufs, full_bars, empty_bars, BLOCK_N, BLOCKS, ROW_BYTES, RING_SLOTS, P_WARPS,
-                          HEAD_BLOCKS, False, False))],
-            [P_WARPS], [P_REGS])
+            [
+                (
+                    _consumer,
+                    (
+                        q_ptr,
+                        out_ptr,
+                        lse_ptr,
+                        idx_ptr,
+                        q_smem,
+                        kv_bufs,
+                        p_smem,
+                        full_bars,
+                        empty_bars,
+                        heads,
+                        width,
+                        entries_per_split,
+                        qk_scale_log2,
+                        tokens,
+                        stride_qt,
+                        stride_qh,
+                        stride_it,
+                        stride_ot,
+                        stride_oh,
+                        stride_os,
+                        stride_lt,
+                        stride_ls,
+                        BLOCK_N,
+                        BLOCK_H,
+                        BLOCKS,
+                        HEAD_BLOCKS,
+                        acc_layout,
+                        q_layout,
+                    ),
+                ),
+                (
+                    _producer,
+                    (
+                        cache_ptr,
+                        idx_ptr,
+                        width,
+                        entries_per_split,
+                        stride_it,
+                        tokens,
+                        raw_k,
+                        raw_s,
+                        idx_ring,
+                        kv_bufs,
+                        full_bars,
+                        empty_bars,
+                        BLOCK_N,
+                        BLOCKS,
+                        ROW_BYTES,
+                        RING_SLOTS,
+                        P_WARPS,
+                        HEAD_BLOCKS,
+                        False,
+                        False,
+                    ),
+                ),
+            ],
+            [P_WARPS],
+            [P_REGS],
+        )

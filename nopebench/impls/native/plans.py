@@ -37,9 +37,15 @@ class LaunchPlan:
     num_stages: int = 1
     prefetch: bool = True
     factored: bool = False
-    kernel: str = "triton"  # "triton": portable SM80+; "hopper", "hopper_ws", "hopper_wide": SM90 Gluon
-    role_split: bool = False  # hopper_ws: separate scorer and accumulator warpgroups, persistent grid
-    max_programs: int = 0  # hopper_ws: programs of its persistent grid (one per SM); 0: one per work item
+    kernel: str = (
+        "triton"  # "triton": portable SM80+; "hopper", "hopper_ws", "hopper_wide": SM90 Gluon
+    )
+    role_split: bool = (
+        False  # hopper_ws: separate scorer and accumulator warpgroups, persistent grid
+    )
+    max_programs: int = (
+        0  # hopper_ws: programs of its persistent grid (one per SM); 0: one per work item
+    )
 
     @property
     def programs(self) -> int:
@@ -56,9 +62,16 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def plan_launch(tokens: int, heads: int, width: int, sms: int = DEFAULT_SMS,
-                block_n: int | None = None, num_warps: int | None = None, splits: int | None = None,
-                max_block_h: int = 64) -> LaunchPlan:
+def plan_launch(
+    tokens: int,
+    heads: int,
+    width: int,
+    sms: int = DEFAULT_SMS,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+    splits: int | None = None,
+    max_block_h: int = 64,
+) -> LaunchPlan:
     """The launch shape, from the H200 sweep in results/reference/decode-tuning/.
 
     Heads per program go up to 64 (the fp32 accumulator must fit in registers); more heads
@@ -93,7 +106,12 @@ def hopper_smem_bytes(block_h: int, stages: int, rope: bool, block_n: int = 64) 
     """Shared memory of the Hopper kernel: the gather ring (fp8 tiles, scales, index, RoPE lanes),
     the dequantized tile, q, P, and compiler scratch (Triton 3.6 takes 512 bytes more than 3.9)."""
     ring = stages * block_n * (RING_ROW_BYTES + (RING_ROPE_BYTES if rope else 0))
-    fixed = block_n * 512 * 2 + 4 * block_h * 128 * 2 + block_n * block_h * 2 + (block_h * 128 if rope else 0)
+    fixed = (
+        block_n * 512 * 2
+        + 4 * block_h * 128 * 2
+        + block_n * block_h * 2
+        + (block_h * 128 if rope else 0)
+    )
     return ring + fixed + 1024
 
 
@@ -103,7 +121,14 @@ def ws_smem_bytes(block_h: int, slots: int, block_n: int = 64, role_split: bool 
     final softmax state handed over, and mbarriers and compiler scratch."""
     ring = slots * WS_RING_ROWS * RING_ROW_BYTES
     handover = 6 * block_h * 4 if role_split else 0
-    return ring + 2 * block_n * 512 * 2 + 4 * block_h * 128 * 2 + 2 * block_n * block_h * 2 + handover + 1536
+    return (
+        ring
+        + 2 * block_n * 512 * 2
+        + 4 * block_h * 128 * 2
+        + 2 * block_n * block_h * 2
+        + handover
+        + 1536
+    )
 
 
 def score_warps_m(block_n: int) -> int:
@@ -112,9 +137,17 @@ def score_warps_m(block_n: int) -> int:
     return 8 if block_n == 128 else 4
 
 
-def plan_hopper(tokens: int, heads: int, width: int, rope: bool, sms: int = DEFAULT_SMS,
-                stages: int | None = None, splits: int | None = None, block_n: int | None = None,
-                block_h: int | None = None) -> LaunchPlan:
+def plan_hopper(
+    tokens: int,
+    heads: int,
+    width: int,
+    rope: bool,
+    sms: int = DEFAULT_SMS,
+    stages: int | None = None,
+    splits: int | None = None,
+    block_n: int | None = None,
+    block_h: int | None = None,
+) -> LaunchPlan:
     """Launch shape for the SM90 kernel, from the H200 sweeps in results/reference/decode-tuning/hopper/.
 
     One program per SM, so as many heads per program as shared memory allows (every head block
@@ -127,24 +160,53 @@ def plan_hopper(tokens: int, heads: int, width: int, rope: bool, sms: int = DEFA
     """
     if block_n is None:
         few = tokens * -(-heads // 16) < sms
-        wide = heads <= 16 and not few and stages in (None, 1) and hopper_smem_bytes(16, 1, rope, 128) <= HOPPER_SMEM
+        wide = (
+            heads <= 16
+            and not few
+            and stages in (None, 1)
+            and hopper_smem_bytes(16, 1, rope, 128) <= HOPPER_SMEM
+        )
         block_n = 128 if wide else 64
     stages = stages or (1 if block_n == 128 else 2)
-    cands = (block_h,) if block_h else tuple(bh for bh in (64, 32, 16) if bh <= max(16, next_pow2(heads)))
+    cands = (
+        (block_h,)
+        if block_h
+        else tuple(bh for bh in (64, 32, 16) if bh <= max(16, next_pow2(heads)))
+    )
     fits = [bh for bh in cands if hopper_smem_bytes(bh, stages, rope, block_n) <= HOPPER_SMEM]
     if not fits:
-        raise ValueError(f"{stages} gather stages of {block_n} rows need more shared memory than SM90 has")
+        raise ValueError(
+            f"{stages} gather stages of {block_n} rows need more shared memory than SM90 has"
+        )
     blocks = -(-width // block_n)
     filling = [bh for bh in fits if tokens * -(-heads // bh) * blocks >= sms]
     block_h = (filling or fits[-1:])[0]
-    head_blocks, splits, per_split = _split_one_per_sm(tokens, heads, width, block_h, block_n, sms, splits,
-                                                      fill=-(-sms // 2))
-    return LaunchPlan(block_h, head_blocks, block_n, splits, per_split, num_warps=8, num_stages=stages,
-                      prefetch=False, kernel="hopper")
+    head_blocks, splits, per_split = _split_one_per_sm(
+        tokens, heads, width, block_h, block_n, sms, splits, fill=-(-sms // 2)
+    )
+    return LaunchPlan(
+        block_h,
+        head_blocks,
+        block_n,
+        splits,
+        per_split,
+        num_warps=8,
+        num_stages=stages,
+        prefetch=False,
+        kernel="hopper",
+    )
 
 
-def _split_one_per_sm(tokens: int, heads: int, width: int, block_h: int, block_n: int, sms: int,
-                      splits: int | None, fill: int | None = None) -> tuple[int, int, int]:
+def _split_one_per_sm(
+    tokens: int,
+    heads: int,
+    width: int,
+    block_h: int,
+    block_n: int,
+    sms: int,
+    splits: int | None,
+    fill: int | None = None,
+) -> tuple[int, int, int]:
     """Head blocks, splits and entries per split for kernels that run one program per SM: the
     top-k range is split only when there are fewer (token, head block) programs than `fill`
     (default: the SMs), then into enough splits to fill the SMs. (The single-role kernel is
@@ -158,9 +220,16 @@ def _split_one_per_sm(tokens: int, heads: int, width: int, block_h: int, block_n
     return head_blocks, -(-width // per_split), per_split
 
 
-def plan_hopper_ws(tokens: int, heads: int, width: int, sms: int = DEFAULT_SMS, slots: int | None = None,
-                   splits: int | None = None, block_h: int | None = None,
-                   role_split: bool | None = None) -> LaunchPlan:
+def plan_hopper_ws(
+    tokens: int,
+    heads: int,
+    width: int,
+    sms: int = DEFAULT_SMS,
+    slots: int | None = None,
+    splits: int | None = None,
+    block_h: int | None = None,
+    role_split: bool | None = None,
+) -> LaunchPlan:
     """Launch shape for the warp-specialised SM90 kernel (NoPE rows, at most 32 heads per
     program): 64-row blocks, two dequantized tiles. With 16 heads per program the scorer and the
     accumulator are separate warpgroups (faster on the H200; at 32 heads one consumer was
@@ -172,21 +241,39 @@ def plan_hopper_ws(tokens: int, heads: int, width: int, sms: int = DEFAULT_SMS, 
         few = tokens * -(-heads // 16) < sms
         block_h = 16 if few else min(WS_MAX_BLOCK_H, max(16, next_pow2(heads)))
     if block_h > WS_MAX_BLOCK_H:
-        raise ValueError(f"the warp-specialised kernel takes at most {WS_MAX_BLOCK_H} heads per program")
+        raise ValueError(
+            f"the warp-specialised kernel takes at most {WS_MAX_BLOCK_H} heads per program"
+        )
     if role_split is None:
         role_split = block_h == 16
     if role_split and block_h != 16:
-        raise ValueError("the warp-specialised kernel splits its consumer at 16 heads per program only")
+        raise ValueError(
+            "the warp-specialised kernel splits its consumer at 16 heads per program only"
+        )
     if slots is None:
         slots = WS_SPLIT_SLOTS if role_split else 1
         while not role_split and ws_smem_bytes(block_h, slots + 1, block_n) <= HOPPER_SMEM:
             slots += 1
     if ws_smem_bytes(block_h, slots, block_n, role_split) > HOPPER_SMEM:
-        raise ValueError(f"{slots} ring slots at {block_h} heads need more shared memory than SM90 has")
-    head_blocks, splits, per_split = _split_one_per_sm(tokens, heads, width, block_h, block_n, sms, splits)
-    return LaunchPlan(block_h, head_blocks, block_n, splits, per_split, num_warps=4, num_stages=slots,
-                      prefetch=False, kernel="hopper_ws", role_split=role_split,
-                      max_programs=sms if role_split else 0)
+        raise ValueError(
+            f"{slots} ring slots at {block_h} heads need more shared memory than SM90 has"
+        )
+    head_blocks, splits, per_split = _split_one_per_sm(
+        tokens, heads, width, block_h, block_n, sms, splits
+    )
+    return LaunchPlan(
+        block_h,
+        head_blocks,
+        block_n,
+        splits,
+        per_split,
+        num_warps=4,
+        num_stages=slots,
+        prefetch=False,
+        kernel="hopper_ws",
+        role_split=role_split,
+        max_programs=sms if role_split else 0,
+    )
 
 
 def wide_smem_bytes(slots: int) -> int:
@@ -194,12 +281,20 @@ def wide_smem_bytes(slots: int) -> int:
     entries), the dequantized tiles, q, the P tiles and their rescale factors, 1/l, mbarriers
     and compiler scratch."""
     ring = slots * WIDE_RING_ROWS * RING_ROW_BYTES
-    tiles = (WIDE_KV_BUFS * WIDE_BLOCK_N + WIDE_BLOCK_H) * 512 * 2 + WIDE_P_BUFS * WIDE_BLOCK_H * WIDE_BLOCK_N * 2
+    tiles = (
+        WIDE_KV_BUFS * WIDE_BLOCK_N + WIDE_BLOCK_H
+    ) * 512 * 2 + WIDE_P_BUFS * WIDE_BLOCK_H * WIDE_BLOCK_N * 2
     return ring + tiles + (WIDE_P_BUFS + 1) * WIDE_BLOCK_H * 4 + 1024
 
 
-def plan_hopper_wide(tokens: int, heads: int, width: int, sms: int = DEFAULT_SMS, slots: int | None = None,
-                     splits: int | None = None) -> LaunchPlan:
+def plan_hopper_wide(
+    tokens: int,
+    heads: int,
+    width: int,
+    sms: int = DEFAULT_SMS,
+    slots: int | None = None,
+    splits: int | None = None,
+) -> LaunchPlan:
     """Launch shape for the 64-head SM90 kernel (NoPE rows): as many producer ring slots as shared
     memory holds (three), one program per (token, head block, split), split as
     `_split_one_per_sm` does."""
@@ -210,7 +305,17 @@ def plan_hopper_wide(tokens: int, heads: int, width: int, sms: int = DEFAULT_SMS
             slots += 1
     if wide_smem_bytes(slots) > HOPPER_SMEM:
         raise ValueError(f"{slots} ring slots need more shared memory than SM90 has")
-    head_blocks, splits, per_split = _split_one_per_sm(tokens, heads, width, WIDE_BLOCK_H, block_n, sms, splits,
-                                                      fill=-(-sms // 2))
-    return LaunchPlan(WIDE_BLOCK_H, head_blocks, block_n, splits, per_split, num_warps=4, num_stages=slots,
-                      prefetch=False, kernel="hopper_wide")
+    head_blocks, splits, per_split = _split_one_per_sm(
+        tokens, heads, width, WIDE_BLOCK_H, block_n, sms, splits, fill=-(-sms // 2)
+    )
+    return LaunchPlan(
+        WIDE_BLOCK_H,
+        head_blocks,
+        block_n,
+        splits,
+        per_split,
+        num_warps=4,
+        num_stages=slots,
+        prefetch=False,
+        kernel="hopper_wide",
+    )

@@ -22,8 +22,15 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _gather_block(cache_ptr, idx_row_ptr, n_start, width,
-                  BLOCK_N: tl.constexpr, ROW_BYTES: tl.constexpr, ROPE: tl.constexpr):
+def _gather_block(
+    cache_ptr,
+    idx_row_ptr,
+    n_start,
+    width,
+    BLOCK_N: tl.constexpr,
+    ROW_BYTES: tl.constexpr,
+    ROPE: tl.constexpr,
+):
     """Raw bytes of one block of rows: four [BLOCK_N, 128] fp8 tiles, their four scales,
     the [BLOCK_N, 64] bf16 RoPE lanes when ROPE, and the valid mask."""
     offs_n = n_start + tl.arange(0, BLOCK_N)
@@ -65,9 +72,34 @@ def _mma(a, b, acc, F32_DOT: tl.constexpr):
 
 
 @triton.jit
-def _attend(q0, q1, q2, q3, qr, k0, k1, k2, k3, s0, s1, s2, s3, r, valid,
-            m_i, l_i, acc0, acc1, acc2, acc3, qk_scale_log2,
-            BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, ROPE: tl.constexpr, F32_DOT: tl.constexpr):
+def _attend(
+    q0,
+    q1,
+    q2,
+    q3,
+    qr,
+    k0,
+    k1,
+    k2,
+    k3,
+    s0,
+    s1,
+    s2,
+    s3,
+    r,
+    valid,
+    m_i,
+    l_i,
+    acc0,
+    acc1,
+    acc2,
+    acc3,
+    qk_scale_log2,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    ROPE: tl.constexpr,
+    F32_DOT: tl.constexpr,
+):
     """One block of the online softmax: dequantize, scores, rescale, accumulate P @ V."""
     v0 = _dequant(k0, s0)
     v1 = _dequant(k1, s1)
@@ -100,9 +132,35 @@ def _fp16(k):
 
 
 @triton.jit
-def _attend_factored(q0, q1, q2, q3, qr, q_unscale, k0, k1, k2, k3, s0, s1, s2, s3, r, valid,
-                     m_i, l_i, acc0, acc1, acc2, acc3, qk_scale_log2,
-                     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, ROPE: tl.constexpr, F32_DOT: tl.constexpr):
+def _attend_factored(
+    q0,
+    q1,
+    q2,
+    q3,
+    qr,
+    q_unscale,
+    k0,
+    k1,
+    k2,
+    k3,
+    s0,
+    s1,
+    s2,
+    s3,
+    r,
+    valid,
+    m_i,
+    l_i,
+    acc0,
+    acc1,
+    acc2,
+    acc3,
+    qk_scale_log2,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    ROPE: tl.constexpr,
+    F32_DOT: tl.constexpr,
+):
     """The same block update with the scales factored out of the matrix products.
 
     score[h, n] = sum_t scale_t[n] * (q_t[h] . fp8_t[n]); out_t += (p * scale_t) @ fp8_t.
@@ -133,24 +191,115 @@ def _attend_factored(q0, q1, q2, q3, qr, q_unscale, k0, k1, k2, k3, s0, s1, s2, 
     c1 = tl.maximum(tl.max(s1, axis=0), 1e-30)
     c2 = tl.maximum(tl.max(s2, axis=0), 1e-30)
     c3 = tl.maximum(tl.max(s3, axis=0), 1e-30)
-    acc0 = _mma((p * (s0 / c0)[None, :]).to(tl.float16), f0, zero_acc(BLOCK_H), F32_DOT) * c0 + acc0 * alpha[:, None]
-    acc1 = _mma((p * (s1 / c1)[None, :]).to(tl.float16), f1, zero_acc(BLOCK_H), F32_DOT) * c1 + acc1 * alpha[:, None]
-    acc2 = _mma((p * (s2 / c2)[None, :]).to(tl.float16), f2, zero_acc(BLOCK_H), F32_DOT) * c2 + acc2 * alpha[:, None]
-    acc3 = _mma((p * (s3 / c3)[None, :]).to(tl.float16), f3, zero_acc(BLOCK_H), F32_DOT) * c3 + acc3 * alpha[:, None]
+    acc0 = (
+        _mma((p * (s0 / c0)[None, :]).to(tl.float16), f0, zero_acc(BLOCK_H), F32_DOT) * c0
+        + acc0 * alpha[:, None]
+    )
+    acc1 = (
+        _mma((p * (s1 / c1)[None, :]).to(tl.float16), f1, zero_acc(BLOCK_H), F32_DOT) * c1
+        + acc1 * alpha[:, None]
+    )
+    acc2 = (
+        _mma((p * (s2 / c2)[None, :]).to(tl.float16), f2, zero_acc(BLOCK_H), F32_DOT) * c2
+        + acc2 * alpha[:, None]
+    )
+    acc3 = (
+        _mma((p * (s3 / c3)[None, :]).to(tl.float16), f3, zero_acc(BLOCK_H), F32_DOT) * c3
+        + acc3 * alpha[:, None]
+    )
     return m_new, l_i, acc0, acc1, acc2, acc3
 
 
 @triton.jit
-def _update(q0, q1, q2, q3, qr, q_unscale, k0, k1, k2, k3, s0, s1, s2, s3, r, valid,
-            m_i, l_i, acc0, acc1, acc2, acc3, qk_scale_log2,
-            BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, ROPE: tl.constexpr, F32_DOT: tl.constexpr,
-            FACTORED: tl.constexpr):
+def _update(
+    q0,
+    q1,
+    q2,
+    q3,
+    qr,
+    q_unscale,
+    k0,
+    k1,
+    k2,
+    k3,
+    s0,
+    s1,
+    s2,
+    s3,
+    r,
+    valid,
+    m_i,
+    l_i,
+    acc0,
+    acc1,
+    acc2,
+    acc3,
+    qk_scale_log2,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    ROPE: tl.constexpr,
+    F32_DOT: tl.constexpr,
+    FACTORED: tl.constexpr,
+):
     if FACTORED:
-        res = _attend_factored(q0, q1, q2, q3, qr, q_unscale, k0, k1, k2, k3, s0, s1, s2, s3, r, valid,
-                               m_i, l_i, acc0, acc1, acc2, acc3, qk_scale_log2, BLOCK_H, BLOCK_N, ROPE, F32_DOT)
+        res = _attend_factored(
+            q0,
+            q1,
+            q2,
+            q3,
+            qr,
+            q_unscale,
+            k0,
+            k1,
+            k2,
+            k3,
+            s0,
+            s1,
+            s2,
+            s3,
+            r,
+            valid,
+            m_i,
+            l_i,
+            acc0,
+            acc1,
+            acc2,
+            acc3,
+            qk_scale_log2,
+            BLOCK_H,
+            BLOCK_N,
+            ROPE,
+            F32_DOT,
+        )
     else:
-        res = _attend(q0, q1, q2, q3, qr, k0, k1, k2, k3, s0, s1, s2, s3, r, valid,
-                      m_i, l_i, acc0, acc1, acc2, acc3, qk_scale_log2, BLOCK_H, BLOCK_N, ROPE, F32_DOT)
+        res = _attend(
+            q0,
+            q1,
+            q2,
+            q3,
+            qr,
+            k0,
+            k1,
+            k2,
+            k3,
+            s0,
+            s1,
+            s2,
+            s3,
+            r,
+            valid,
+            m_i,
+            l_i,
+            acc0,
+            acc1,
+            acc2,
+            acc3,
+            qk_scale_log2,
+            BLOCK_H,
+            BLOCK_N,
+            ROPE,
+            F32_DOT,
+        )
     return res
 
 
@@ -161,11 +310,31 @@ def zero_acc(BLOCK_H: tl.constexpr):
 
 @triton.jit
 def sparse_decode_kernel(
-    q_ptr, cache_ptr, idx_ptr, out_ptr, lse_ptr,
-    heads, width, entries_per_split, qk_scale_log2,
-    stride_qt, stride_qh, stride_it, stride_ot, stride_oh, stride_os, stride_lt, stride_ls,
-    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, ROW_BYTES: tl.constexpr, ROPE: tl.constexpr,
-    HEAD_BLOCKS: tl.constexpr, PREFETCH: tl.constexpr, NUM_STAGES: tl.constexpr, F32_DOT: tl.constexpr,
+    q_ptr,
+    cache_ptr,
+    idx_ptr,
+    out_ptr,
+    lse_ptr,
+    heads,
+    width,
+    entries_per_split,
+    qk_scale_log2,
+    stride_qt,
+    stride_qh,
+    stride_it,
+    stride_ot,
+    stride_oh,
+    stride_os,
+    stride_lt,
+    stride_ls,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    ROW_BYTES: tl.constexpr,
+    ROPE: tl.constexpr,
+    HEAD_BLOCKS: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    F32_DOT: tl.constexpr,
     FACTORED: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -187,8 +356,14 @@ def sparse_decode_kernel(
     if FACTORED:
         # Power-of-two prescale per head so |q| <= 2**14 fits fp16 exactly (bf16 -> fp16 is
         # exact in range); q_unscale multiplies the scores back.
-        qmax = tl.maximum(tl.maximum(tl.max(tl.abs(q0.to(tl.float32)), axis=1), tl.max(tl.abs(q1.to(tl.float32)), axis=1)),
-                          tl.maximum(tl.max(tl.abs(q2.to(tl.float32)), axis=1), tl.max(tl.abs(q3.to(tl.float32)), axis=1)))
+        qmax = tl.maximum(
+            tl.maximum(
+                tl.max(tl.abs(q0.to(tl.float32)), axis=1), tl.max(tl.abs(q1.to(tl.float32)), axis=1)
+            ),
+            tl.maximum(
+                tl.max(tl.abs(q2.to(tl.float32)), axis=1), tl.max(tl.abs(q3.to(tl.float32)), axis=1)
+            ),
+        )
         q_unscale = tl.exp2(tl.maximum(tl.ceil(tl.log2(tl.maximum(qmax, 1.0))) - 14.0, 0.0))
         q0 = (q0.to(tl.float32) / q_unscale[:, None]).to(tl.float16)
         q1 = (q1.to(tl.float32) / q_unscale[:, None]).to(tl.float16)
@@ -210,39 +385,136 @@ def sparse_decode_kernel(
     if PREFETCH:
         # Register double-buffering: the next block's gathers are issued before this block's
         # math, so their latency overlaps it.
-        k0, k1, k2, k3, s0, s1, s2, s3, r, valid = _gather_block(cache_ptr, idx_row, start, end, BLOCK_N, ROW_BYTES, ROPE)
+        k0, k1, k2, k3, s0, s1, s2, s3, r, valid = _gather_block(
+            cache_ptr, idx_row, start, end, BLOCK_N, ROW_BYTES, ROPE
+        )
         for n in range(start, end, BLOCK_N):
             nk0, nk1, nk2, nk3, ns0, ns1, ns2, ns3, nr, nvalid = _gather_block(
-                cache_ptr, idx_row, n + BLOCK_N, end, BLOCK_N, ROW_BYTES, ROPE)
+                cache_ptr, idx_row, n + BLOCK_N, end, BLOCK_N, ROW_BYTES, ROPE
+            )
             m_i, l_i, acc0, acc1, acc2, acc3 = _update(
-                q0, q1, q2, q3, qr, q_unscale, k0, k1, k2, k3, s0, s1, s2, s3, r, valid,
-                m_i, l_i, acc0, acc1, acc2, acc3, qk_scale_log2, BLOCK_H, BLOCK_N, ROPE, F32_DOT, FACTORED)
-            k0, k1, k2, k3, s0, s1, s2, s3, r, valid = nk0, nk1, nk2, nk3, ns0, ns1, ns2, ns3, nr, nvalid
+                q0,
+                q1,
+                q2,
+                q3,
+                qr,
+                q_unscale,
+                k0,
+                k1,
+                k2,
+                k3,
+                s0,
+                s1,
+                s2,
+                s3,
+                r,
+                valid,
+                m_i,
+                l_i,
+                acc0,
+                acc1,
+                acc2,
+                acc3,
+                qk_scale_log2,
+                BLOCK_H,
+                BLOCK_N,
+                ROPE,
+                F32_DOT,
+                FACTORED,
+            )
+            k0, k1, k2, k3, s0, s1, s2, s3, r, valid = (
+                nk0,
+                nk1,
+                nk2,
+                nk3,
+                ns0,
+                ns1,
+                ns2,
+                ns3,
+                nr,
+                nvalid,
+            )
     else:
         # Loads at the top of the body: Triton's software pipeliner may overlap them (num_stages).
         for n in tl.range(start, end, BLOCK_N, num_stages=NUM_STAGES):
-            k0, k1, k2, k3, s0, s1, s2, s3, r, valid = _gather_block(cache_ptr, idx_row, n, end, BLOCK_N, ROW_BYTES, ROPE)
+            k0, k1, k2, k3, s0, s1, s2, s3, r, valid = _gather_block(
+                cache_ptr, idx_row, n, end, BLOCK_N, ROW_BYTES, ROPE
+            )
             m_i, l_i, acc0, acc1, acc2, acc3 = _update(
-                q0, q1, q2, q3, qr, q_unscale, k0, k1, k2, k3, s0, s1, s2, s3, r, valid,
-                m_i, l_i, acc0, acc1, acc2, acc3, qk_scale_log2, BLOCK_H, BLOCK_N, ROPE, F32_DOT, FACTORED)
+                q0,
+                q1,
+                q2,
+                q3,
+                qr,
+                q_unscale,
+                k0,
+                k1,
+                k2,
+                k3,
+                s0,
+                s1,
+                s2,
+                s3,
+                r,
+                valid,
+                m_i,
+                l_i,
+                acc0,
+                acc1,
+                acc2,
+                acc3,
+                qk_scale_log2,
+                BLOCK_H,
+                BLOCK_N,
+                ROPE,
+                F32_DOT,
+                FACTORED,
+            )
 
     has = l_i > 0
     inv = tl.where(has, 1.0 / tl.where(has, l_i, 1.0), 0.0)
-    lse = tl.where(has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) / 1.4426950408889634, float("-inf"))
-    orow = out_ptr + split.to(tl.int64) * stride_os + tok.to(tl.int64) * stride_ot + offs_h[:, None] * stride_oh
+    lse = tl.where(
+        has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) / 1.4426950408889634, float("-inf")
+    )
+    orow = (
+        out_ptr
+        + split.to(tl.int64) * stride_os
+        + tok.to(tl.int64) * stride_ot
+        + offs_h[:, None] * stride_oh
+    )
     om = hmask[:, None]
     tl.store(orow + cols[None, :], (acc0 * inv[:, None]).to(out_ptr.dtype.element_ty), mask=om)
-    tl.store(orow + (128 + cols)[None, :], (acc1 * inv[:, None]).to(out_ptr.dtype.element_ty), mask=om)
-    tl.store(orow + (256 + cols)[None, :], (acc2 * inv[:, None]).to(out_ptr.dtype.element_ty), mask=om)
-    tl.store(orow + (384 + cols)[None, :], (acc3 * inv[:, None]).to(out_ptr.dtype.element_ty), mask=om)
-    tl.store(lse_ptr + split.to(tl.int64) * stride_ls + tok.to(tl.int64) * stride_lt + offs_h, lse, mask=hmask)
+    tl.store(
+        orow + (128 + cols)[None, :], (acc1 * inv[:, None]).to(out_ptr.dtype.element_ty), mask=om
+    )
+    tl.store(
+        orow + (256 + cols)[None, :], (acc2 * inv[:, None]).to(out_ptr.dtype.element_ty), mask=om
+    )
+    tl.store(
+        orow + (384 + cols)[None, :], (acc3 * inv[:, None]).to(out_ptr.dtype.element_ty), mask=om
+    )
+    tl.store(
+        lse_ptr + split.to(tl.int64) * stride_ls + tok.to(tl.int64) * stride_lt + offs_h,
+        lse,
+        mask=hmask,
+    )
 
 
 @triton.jit
 def combine_kernel(
-    part_ptr, part_lse_ptr, out_ptr, lse_ptr,
-    heads, splits,
-    stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_ot, stride_oh,
+    part_ptr,
+    part_lse_ptr,
+    out_ptr,
+    lse_ptr,
+    heads,
+    splits,
+    stride_ps,
+    stride_pt,
+    stride_ph,
+    stride_ls,
+    stride_lt,
+    stride_ot,
+    stride_oh,
     BLOCK_S: tl.constexpr,
 ):
     """Merge per-split normalized outputs by their log-sum-exp: one program per (token, head)."""
@@ -251,15 +523,20 @@ def combine_kernel(
     h = pid % heads
     offs_s = tl.arange(0, BLOCK_S)
     smask = offs_s < splits
-    lse_s = tl.load(part_lse_ptr + offs_s * stride_ls + tok * stride_lt + h, mask=smask, other=float("-inf"))
+    lse_s = tl.load(
+        part_lse_ptr + offs_s * stride_ls + tok * stride_lt + h, mask=smask, other=float("-inf")
+    )
     m = tl.max(lse_s, axis=0)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     w = tl.exp(lse_s - m_safe)
     total = tl.sum(w, axis=0)
     inv = tl.where(total > 0, 1.0 / tl.where(total > 0, total, 1.0), 0.0)
     cols = tl.arange(0, 512)
-    parts = tl.load(part_ptr + offs_s[:, None] * stride_ps + tok * stride_pt + h * stride_ph + cols[None, :],
-                    mask=smask[:, None], other=0.0)
+    parts = tl.load(
+        part_ptr + offs_s[:, None] * stride_ps + tok * stride_pt + h * stride_ph + cols[None, :],
+        mask=smask[:, None],
+        other=0.0,
+    )
     o = tl.sum(parts * (w * inv)[:, None], axis=0)
     tl.store(out_ptr + tok * stride_ot + h * stride_oh + cols, o.to(tl.bfloat16))
     lse = tl.where(total > 0, m_safe + tl.log(tl.where(total > 0, total, 1.0)), float("-inf"))
