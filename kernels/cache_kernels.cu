@@ -3,7 +3,7 @@
 // Each takes raw pointers, strides in elements, sizes, a device index and a cudaStream_t,
 // and returns a cudaError_t; Python calls them through ctypes with tensor.data_ptr() and
 // torch's current stream (nopebench/cache_kernels/library.py). No torch headers: the library
-// builds on machines without a GPU or torch's CUDA headers (CONTEXT.md section 7).
+// builds on machines without a GPU or torch's CUDA headers.
 
 #include <cuda_runtime.h>
 #include <stdint.h>

@@ -1,6 +1,6 @@
 // fp8_ds_mla KV-cache kernels: the NoPE-aware cache write and the gather/upconvert.
 //
-// Row layout (CONTEXT.md section 3), row_bytes = 656 or 528 (compact NoPE rows):
+// Row layout (nopebench/geometry.py), row_bytes = 656 or 528 (compact NoPE rows):
 //   0:512    512 float8_e4m3fn latent values, 4 tiles of 128
 //   512:528  4 float32 scales, one per tile
 //   528:656  64 bf16 RoPE values; all zero for NoPE (absent in 528-byte rows)

@@ -1,4 +1,9 @@
-"""Pure functions for the fp8_ds_mla row and the sparse top-k buffer (CONTEXT.md sections 1-4).
+"""Pure functions for the fp8_ds_mla row and the sparse top-k buffer.
+
+The row (one token, one KV head): bytes 0:512 hold 512 float8_e4m3fn latent values in four
+tiles of 128, bytes 512:528 four fp32 scales (one a tile), bytes 528:656 64 bf16 RoPE values,
+all zero when the model has no RoPE (a compact NoPE row stops at 528). The top-k index buffer is
+wider than index_topk when the indexer pools candidates: round_up(index_topk + kpool - 1, 128).
 
 Nothing here touches a device; every number the harness derives from a model config comes
 from these functions, so tests and commands agree by construction.

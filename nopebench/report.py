@@ -349,7 +349,7 @@ def section_bench_cache(run: Path, assets: Path) -> str:
         )
     text = (
         f"## Cache kernels (`bench-cache`)\n\nCopy bandwidth measured in the same run: "
-        f"{summary.get('copy_gbps', float('nan')):.0f} GB/s (read + write). Issue 3 targets at T >= "
+        f"{summary.get('copy_gbps', float('nan')):.0f} GB/s (read + write). Targets at T >= "
         f"{summary.get('targets', {}).get('min_tokens', 65536)}: {'all met' if summary.get('all_targets_met') else 'NOT all met'}.\n\n"
         + md_table(
             [

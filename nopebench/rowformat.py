@@ -1,4 +1,4 @@
-"""Reference implementation of the fp8_ds_mla KV-cache row (CONTEXT.md section 3).
+"""Reference implementation of the fp8_ds_mla KV-cache row (layout: geometry.py).
 
 Pure torch, runs on CPU or GPU. This is the one definition every fast path (the CUDA cache
 kernels, the decode kernels' dequantization) is checked against, byte for byte.

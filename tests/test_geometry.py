@@ -1,4 +1,4 @@
-"""The pure geometry functions every derived number comes from (CONTEXT.md sections 1-4)."""
+"""The pure geometry functions every derived number comes from."""
 
 from __future__ import annotations
 

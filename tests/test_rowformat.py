@@ -1,6 +1,6 @@
 """Properties of the reference fp8_ds_mla row (rowformat.py), over random values and geometries.
 
-What a row must satisfy (CONTEXT.md section 3): scales as specified, dequantization within the
+What a row must satisfy: scales as specified, dequantization within the
 e4m3 rounding bound, NoPE tails zero, RoPE tails bit-exact, skipped slots untouched; the gather
 reads exactly the slots a plain per-request loop says; every argument error is a ValueError
 raised before anything is written.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 3 evidence on a GPU machine, from the repository root:
+# bench-cache evidence on a GPU machine, from the repository root:
 #
 #   bash scripts/device_cache.sh
 #

@@ -1,7 +1,7 @@
 """Compile kernels/ into a plain CUDA shared library, cached by what decides the binary.
 
 A plain library (extern "C" launchers, no torch headers) is the binding that compiles on the
-CPU-only CI machines (CONTEXT.md section 7). One library per target architecture lives in
+CPU-only CI machines (nvcc is all it needs). One library per target architecture lives in
 `build/kernels/<target>-<hash>/`, where the hash covers the sources, the flags, the nvcc
 version and the target: an unchanged tree never calls nvcc again, and a changed one never
 loads a stale binary. Each directory is built under a temporary name and renamed into place,

@@ -1,7 +1,8 @@
 """Load the CUDA cache library for the local GPU (building it on first use) through ctypes.
 
 ctypes with raw pointers and torch's current stream is the whole binding: nothing here needs
-torch's CUDA headers, so the same library builds on CPU-only machines (CONTEXT.md section 7).
+torch's CUDA headers, so the same library builds on CPU-only machines (the CPU torch wheel
+lacks the generated CUDA headers a torch extension would need).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`nopebench check-pagetable`: the sparse page table is sized by the top-k buffer width.
 
-Checks, one row each (CONTEXT.md sections 1, 4, 5):
+Checks, one row each:
 - width math for the model, and the index_topk x kpool grid;
 - FlashInfer's own SM120 argument validation of the pre-fix and fixed sizings (CPU tensors;
   the real kernel on an SM120 GPU), see flashinfer_validation;

@@ -1,4 +1,4 @@
-"""Sparse page-table metadata for one decode step (CONTEXT.md sections 1 and 4).
+"""Sparse page-table metadata for one decode step.
 
 Pure, vectorised torch functions (CPU or GPU, no host synchronisation unless stated) that turn
 the indexer's output into what FlashInfer's sparse MLA kernels take:

@@ -152,8 +152,8 @@ def plan_hopper(
 
     One program per SM, so as many heads per program as shared memory allows (every head block
     re-gathers the rows), as long as the (token, head block) programs, cut into splits of one
-    block at least, can still fill the SMs: 64 heads at 8 tokens (0.036 ms against 0.049 with
-    16), 32 of 128 heads at 1 token (0.015 against 0.021). The top-k range is split only while
+    block at least, can still fill the SMs (64 heads at 8 tokens; 32 of 128 heads at 1 token).
+    The top-k range is split only while
     those programs fill fewer than half the SMs (`_split_one_per_sm`). At 16 heads with many
     programs, 128-row blocks whose scores split by key across the two warpgroups (no operand
     read twice) with a one-slot ring.
@@ -210,7 +210,7 @@ def _split_one_per_sm(
     """Head blocks, splits and entries per split for kernels that run one program per SM: the
     top-k range is split only when there are fewer (token, head block) programs than `fill`
     (default: the SMs), then into enough splits to fill the SMs. (The single-role kernel is
-    faster unsplit from half the SMs on: 0.157 ms against 0.172 with 2 splits at 128 programs.)"""
+    faster unsplit from half the SMs on.)"""
     head_blocks = -(-heads // block_h)
     rows = tokens * head_blocks
     blocks = -(-width // block_n)
