@@ -37,7 +37,7 @@ for step in "${steps[@]}"; do
         other) run other_gpu_tests python3 -m pytest -q -p no:cacheprovider -m gpu \
                    --ignore=tests/test_native_decode.py tests ;;
         quick) run bench_decode_quick python3 -m nopebench bench-decode --quick \
-                   --results-dir "$OUTDIR/runs" ;;
+                   --results-dir "$OUTDIR" ;;
         *) echo "unknown step $step"; exit 2 ;;
     esac
 done
