@@ -15,12 +15,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from nopebench import geometry
 from nopebench.errors import UsageError
+from nopebench.geometry import ScaleFormat
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_ROOT = REPO_ROOT / "configs"
 DEFAULT_MODEL = "glm53-flash"
-
-ScaleFormat = Literal["arbitrary_fp32", "pow2_fp32"]
 
 
 class StrictModel(BaseModel):

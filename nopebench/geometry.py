@@ -11,6 +11,8 @@ from these functions, so tests and commands agree by construction.
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 LATENT_DIM = 512  # kv_lora_rank: the only value the fp8_ds_mla row supports
 TILE = 128  # latent values per fp32 scale
 N_TILES = LATENT_DIM // TILE
@@ -22,6 +24,14 @@ FULL_ROW_BYTES = ROPE_OFFSET + 2 * ROPE_DIM  # 656
 NOPE_ROW_BYTES = ROPE_OFFSET  # 528: compact NoPE row, no RoPE tail
 TOPK_ALIGN = 128
 UPCONVERT_DIM = LATENT_DIM + ROPE_DIM  # 576 bf16 per gathered row
+# The two scale formats: the one list of their names (configs, kernels and their ABI codes,
+# which follow this order, take it from here).
+ScaleFormat = Literal["arbitrary_fp32", "pow2_fp32"]
+SCALE_FORMATS: tuple[str, ...] = get_args(ScaleFormat)
+ARBITRARY_FP32, POW2_FP32 = SCALE_FORMATS
+# An unused cache byte: 0xFF is NaN as float8_e4m3fn and, four of them, as an fp32 scale, so a
+# kernel that reads a slot no index names shows NaN.
+POISON_BYTE = 0xFF
 
 
 def round_up(value: int, multiple: int) -> int:

@@ -17,7 +17,9 @@ from nopebench import geometry as g
 
 FLT_MIN = torch.finfo(torch.float32).tiny  # smallest normal fp32: keeps all-zero tiles finite
 POW2_FLOOR = 1e-4  # pow2 scales never go below 2**ceil(log2(1e-4)) = 2**-13
-SCALE_FORMATS = ("arbitrary_fp32", "pow2_fp32")
+SCALE_FORMATS, ARBITRARY_FP32, POW2_FP32 = g.SCALE_FORMATS, g.ARBITRARY_FP32, g.POW2_FP32
+ScaleFormat = g.ScaleFormat
+POISON_BYTE = g.POISON_BYTE
 
 
 def tile_scales(kv_c: torch.Tensor, scale_format: str) -> torch.Tensor:
@@ -32,7 +34,7 @@ def tile_scales(kv_c: torch.Tensor, scale_format: str) -> torch.Tensor:
     # A tensor divisor: with a Python number torch's CUDA kernel multiplies by 1/448 instead,
     # which differs from the true divide in the last bit for about half of all bf16 maxima.
     ratio = amax / torch.full_like(amax, g.FP8_MAX)
-    if scale_format == "arbitrary_fp32":
+    if scale_format == ARBITRARY_FP32:
         return torch.clamp_min(ratio, FLT_MIN)
     mantissa, exponent = torch.frexp(torch.clamp_min(ratio, POW2_FLOOR))
     # ratio = m * 2**e with m in [0.5, 1): ceil(log2) is e - 1 exactly when m == 0.5.

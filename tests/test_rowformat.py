@@ -519,3 +519,20 @@ def test_nan_input_does_not_crash_the_writer():
         rowformat.write_cache(cache, x, None, torch.tensor([2, 9]), fmt)
     flat = cache.view(-1, 656)
     assert bool((flat[[0, 1, 3, 4, 5, 6, 7, 8, 10]] == SENTINEL).all())
+
+
+def test_the_cuda_kernels_number_the_scale_formats_in_rowformat_order():
+    """The kernels take the format as an int: their enum must list the names in the same order."""
+    import re
+    from pathlib import Path
+
+    from nopebench.cache_kernels.ops import SCALE_FORMAT_CODES
+
+    header = (Path(__file__).parent.parent / "kernels" / "ds_mla_numerics.cuh").read_text()
+    enum = re.search(r"enum ScaleFormat : int \{([^}]*)\}", header).group(1)
+    codes = {name: int(code) for name, code in re.findall(r"k(\w+) = (\d+)", enum)}
+    expected = {
+        "ArbitraryFp32": SCALE_FORMAT_CODES["arbitrary_fp32"],
+        "Pow2Fp32": SCALE_FORMAT_CODES["pow2_fp32"],
+    }
+    assert codes == expected

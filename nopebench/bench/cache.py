@@ -27,7 +27,7 @@ from nopebench import rowformat
 
 BLOCK_SIZE = 64
 TOKENS_PER_REQUEST = 4096  # the gather reads requests of this many context tokens
-SCALE_FORMAT = "arbitrary_fp32"
+SCALE_FORMAT = rowformat.ARBITRARY_FP32
 BUDGET_S, QUICK_BUDGET_S = 0.4, 0.1
 # The kernels' bar: at 65536 tokens and more, 60% of the copy bandwidth and 20x the torch path.
 TARGET_MIN_TOKENS, TARGET_PCT_COPY, TARGET_SPEEDUP = 65536, 60.0, 20.0

@@ -34,7 +34,7 @@ MODE_LAYOUT: dict[str, tuple[int, int]] = {  # mode -> (rope_dim, row_bytes)
     "nope-pool": (0, g.FULL_ROW_BYTES),
     "shim": (g.ROPE_DIM, g.FULL_ROW_BYTES),
 }
-POISON = 0xFF  # NaN as fp8 and as an fp32 scale: unused rows poison any kernel that reads them
+POISON = rowformat.POISON_BYTE
 
 
 class WidthSpec(StrictModel):

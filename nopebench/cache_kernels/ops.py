@@ -24,7 +24,8 @@ from nopebench import geometry as g
 from nopebench import rowformat
 from nopebench.cache_kernels.library import check, load_library
 
-SCALE_FORMAT_CODES = {"arbitrary_fp32": 0, "pow2_fp32": 1}
+# The kernels' ScaleFormat enum (kernels/ds_mla_numerics.cuh) numbers the formats in this order.
+SCALE_FORMAT_CODES = {name: code for code, name in enumerate(rowformat.SCALE_FORMATS)}
 INDEX_DTYPES = (torch.int32, torch.int64)
 INT32_MAX = 2**31 - 1
 ALIGN = 16  # the kernels move cache rows and gathered rows in 16-byte pieces

@@ -41,7 +41,7 @@ GPU_QUERY_TOKENS = 64
 GRAPH_QUERY_TOKENS = 512  # the batch of the upstream capture failure
 EMPTY_ROWS = 2  # trailing rows with no valid entry
 REQUESTS = 2  # requests sharing the query tokens, each with its own shuffled block table
-POISON = 0xFF  # fp8 NaN latent and NaN scales: a read of an unnamed slot shows as NaN
+POISON = rowformat.POISON_BYTE
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import torch
 
 from nopebench import environment
 from nopebench import geometry as g
+from nopebench.compare import ABS_TOL, COS_DIFF_TOL, REL_TOL
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ class Tolerance:
 
 
 # FlashMLA's rule (compare.py explains each number): the bar for the harness's own kernels.
-STRICT = Tolerance(1e-3, 2 / 128, 5e-6, "FlashMLA's sparse-decode rule")
+STRICT = Tolerance(ABS_TOL, REL_TOL, COS_DIFF_TOL, "FlashMLA's sparse-decode rule")
 
 
 @dataclass(frozen=True)

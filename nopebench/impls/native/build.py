@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from nopebench import geometry as g
+from nopebench.geometry import ROPE_DIM
 from nopebench.impls.native.constants import HOPPER_SMEM
 from nopebench.impls.native.plans import (
     hopper_smem_bytes,
@@ -169,7 +171,7 @@ def compile_shape(block_h: int, block_n: int, stages: int, rope: bool) -> Kernel
     constants = dict(
         BLOCK_H=block_h,
         BLOCK_N=block_n,
-        ROW_BYTES=656 if rope else 528,
+        ROW_BYTES=g.row_bytes_read(ROPE_DIM if rope else 0),
         ROPE=rope,
         HEAD_BLOCKS=1,
         NUM_STAGES=stages,
@@ -197,7 +199,7 @@ def compile_ws_shape(heads: int, tokens: int, role_split: bool | None = None) ->
     from nopebench.impls.native import hopper_ws_decode as ws
 
     plan = plan_hopper_ws(tokens, heads, 2176, role_split=role_split)
-    constants, options = ws.launch_constants(plan, 528)
+    constants, options = ws.launch_constants(plan, g.NOPE_ROW_BYTES)
     compiled, seconds, registers, stack = _compile(ws.hopper_ws_decode_kernel, constants, options)
     return KernelBuild(
         plan.block_h,
@@ -220,7 +222,7 @@ def compile_wide_shape(heads: int, tokens: int) -> KernelBuild:
     from nopebench.impls.native import hopper_wide_decode as wide
 
     plan = plan_hopper_wide(tokens, heads, 2176)
-    constants, options = wide.launch_constants(plan, 528)
+    constants, options = wide.launch_constants(plan, g.NOPE_ROW_BYTES)
     compiled, seconds, registers, stack = _compile(
         wide.hopper_wide_decode_kernel, constants, options
     )

@@ -11,7 +11,8 @@ from nopebench import geometry as g
 # The row, as the kernels address it.
 SCALE_OFFSET = g.SCALE_OFFSET  # bytes 512:528: four fp32 tile scales
 ROPE_OFFSET = g.ROPE_OFFSET  # bytes 528:656: 64 bf16 RoPE lanes (zero for NoPE)
-TILE = g.TILE  # fp8 latent values per scale
+TILE = g.TILE  # fp8 latent values per scale (the kernels unroll the row's four tiles)
+LATENT_DIM = g.LATENT_DIM  # q's RoPE lanes, when present, start here
 INDEX_BYTES = 4  # the int32 top-k entry a gather ring stages beside its row
 # Shared-memory bytes one gathered NoPE row takes in a ring slot: latent, scales, index entry.
 RING_ROW_BYTES = g.LATENT_DIM + 4 * g.N_TILES + INDEX_BYTES

@@ -32,12 +32,18 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from nopebench.impls.native import constants as c
+
 # Gluon renamed cp.async's entry point (async_copy_global_to_shared -> async_load); accept both
 # (the H200 has Triton 3.6, this machine 3.9).
 _cp_async = getattr(cp, "async_load", None) or cp.async_copy_global_to_shared
 
 NUM_WARPS = gl.constexpr(8)  # two warpgroups
-TILE = gl.constexpr(128)  # fp8 elements per scale tile; a row holds four
+TILE = gl.constexpr(c.TILE)  # fp8 elements per scale tile; a row holds four
+# Where a row's scales and RoPE lanes start, and q's RoPE lanes: from the row's one description.
+SCALE_OFFSET = gl.constexpr(c.SCALE_OFFSET)
+ROPE_OFFSET = gl.constexpr(c.ROPE_OFFSET)
+LATENT_DIM = gl.constexpr(c.LATENT_DIM)
 # A row's four fp32 tile scales in one 16-byte vector, rows spread over threads as in the gathers
 # (so no layout conversion); the 8 threads that share a row copy it redundantly.
 SCALES = gl.constexpr(gl.BlockedLayout([1, 4], [4, 8], [NUM_WARPS, 1], [1, 0]))
@@ -80,9 +86,9 @@ def _copy_rows(
     srow = gl.convert_layout(row, gl.SliceLayout(1, scales_l))
     svalid = gl.convert_layout(valid, gl.SliceLayout(1, scales_l))
     scols = gl.arange(0, 4, layout=gl.SliceLayout(0, scales_l))
-    sptrs = gl.expand_dims((srow + 512).to(gl.pointer_type(gl.float32)), 1) + gl.expand_dims(
-        scols, 0
-    )
+    sptrs = gl.expand_dims(
+        (srow + SCALE_OFFSET).to(gl.pointer_type(gl.float32)), 1
+    ) + gl.expand_dims(scols, 0)
     _cp_async(
         raw_s.index(slot), sptrs, mask=gl.expand_dims(svalid, 1) & gl.expand_dims(scols >= 0, 0)
     )
@@ -110,9 +116,9 @@ def _issue_block(
         rrow = gl.convert_layout(row, gl.SliceLayout(1, rope_gather))
         rvalid = gl.convert_layout(valid, gl.SliceLayout(1, rope_gather))
         rcols = gl.arange(0, 64, layout=gl.SliceLayout(0, rope_gather))
-        rptrs = gl.expand_dims((rrow + 528).to(gl.pointer_type(gl.bfloat16)), 1) + gl.expand_dims(
-            rcols, 0
-        )
+        rptrs = gl.expand_dims(
+            (rrow + ROPE_OFFSET).to(gl.pointer_type(gl.bfloat16)), 1
+        ) + gl.expand_dims(rcols, 0)
         _cp_async(
             raw_r.index(stage),
             rptrs,
@@ -338,7 +344,9 @@ def hopper_decode_kernel(
     if ROPE:
         rq_cols = gl.arange(0, 64, layout=gl.SliceLayout(0, q_layout))
         rq_mask = gl.expand_dims(offs_qh < heads, 1) & gl.expand_dims(rq_cols >= 0, 0)
-        qr_smem.store(gl.load(qrow + gl.expand_dims(512 + rq_cols, 0), mask=rq_mask, other=0.0))
+        qr_smem.store(
+            gl.load(qrow + gl.expand_dims(LATENT_DIM + rq_cols, 0), mask=rq_mask, other=0.0)
+        )
 
     o0, o1, o2, o3, m_i, l_i = _empty_state(BLOCK_H, s_layout, o_layout)
 

@@ -18,7 +18,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from nopebench.impls.native import constants as c
+
 LOG2E = 1.4426950408889634
+# Where a row's scales and RoPE lanes start: from the row's one description (geometry).
+SCALE_OFFSET = tl.constexpr(c.SCALE_OFFSET)
+ROPE_OFFSET = tl.constexpr(c.ROPE_OFFSET)
 
 
 @triton.jit
@@ -43,13 +48,13 @@ def _gather_block(
     k1 = tl.load(row[:, None] + (128 + cols)[None, :], mask=m2, other=0)
     k2 = tl.load(row[:, None] + (256 + cols)[None, :], mask=m2, other=0)
     k3 = tl.load(row[:, None] + (384 + cols)[None, :], mask=m2, other=0)
-    sp = (row + 512).to(tl.pointer_type(tl.float32))
+    sp = (row + SCALE_OFFSET).to(tl.pointer_type(tl.float32))
     s0 = tl.load(sp + 0, mask=valid, other=0.0)
     s1 = tl.load(sp + 1, mask=valid, other=0.0)
     s2 = tl.load(sp + 2, mask=valid, other=0.0)
     s3 = tl.load(sp + 3, mask=valid, other=0.0)
     if ROPE:
-        rp = (row + 528).to(tl.pointer_type(tl.bfloat16))
+        rp = (row + ROPE_OFFSET).to(tl.pointer_type(tl.bfloat16))
         r = tl.load(rp[:, None] + tl.arange(0, 64)[None, :], mask=m2, other=0.0)
     else:
         r = s0  # unused placeholder keeps the return arity fixed
