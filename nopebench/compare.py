@@ -101,9 +101,11 @@ def close(
     detail = "ok"
     if not passed:
         detail = (
-            f"{mismatch:.4%} of elements outside abs {abs_tol:g} / rel {rel_tol:g} (allowed {max_mismatch:.4%}); "
+            f"{mismatch:.4%} of elements outside abs {abs_tol:g} / rel {rel_tol:g} (allowed "
+            f"{max_mismatch:.4%}); "
             f"cos diff {cos:.3g} "
-            f"(limit {cos_tol:g}); worst at {worst}: {float(o[worst]):.6g} vs reference {float(r[worst]):.6g}"
+            f"(limit {cos_tol:g}); worst at {worst}: {float(o[worst]):.6g} vs reference "
+            f"{float(r[worst]):.6g}"
         )
     return Comparison(
         passed,

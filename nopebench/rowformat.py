@@ -95,7 +95,8 @@ def write_cache(
     devices = [t.device for t in (kv_c, k_pe, slot_mapping) if t is not None]
     if any(d != cache.device for d in devices):
         raise ValueError(
-            f"kv_c, k_pe, slot_mapping and cache must share a device, got {[str(d) for d in devices]} and {cache.device}"
+            "kv_c, k_pe, slot_mapping and cache must share a device, got "
+            f"{[str(d) for d in devices]} and {cache.device}"
         )
     rows = pack_rows(kv_c, k_pe, scale_format, row_bytes)
     keep = slot_mapping >= 0
@@ -136,7 +137,9 @@ def split_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
 
 
 def dequantize_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """fp8 -> float * scale -> bf16. rows [N, row_bytes] uint8 -> (latent [N, 512] bf16, RoPE or None)."""
+    """fp8 -> float * scale -> bf16.
+
+    rows [N, row_bytes] uint8 -> (latent [N, 512] bf16, RoPE [N, 64] bf16 or None)."""
     latent, scales, rope = split_rows(rows)
     values = latent.float().view(-1, g.N_TILES, g.TILE) * scales.unsqueeze(-1)
     return values.view(-1, g.LATENT_DIM).to(torch.bfloat16), rope
@@ -153,7 +156,8 @@ def read_slots(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     slots = slots.long()
     if slots.numel() and (int(slots.min()) < 0 or int(slots.max()) >= flat.shape[0]):
         raise ValueError(
-            f"slots must be in [0, {flat.shape[0]}), got min {int(slots.min())}, max {int(slots.max())}"
+            f"slots must be in [0, {flat.shape[0]}), got min {int(slots.min())}, max "
+            f"{int(slots.max())}"
         )
     return flat[slots]
 
@@ -201,7 +205,8 @@ def gather_plan(
         raise ValueError(f"rope_dim 64 needs 656-byte rows, cache has {cache.shape[-1]}")
     if block_table.dim() != 2 or block_table.dtype not in (torch.int32, torch.int64):
         raise ValueError(
-            f"block_table must be int32/int64 [R, max_blocks], got {block_table.dtype} {tuple(block_table.shape)}"
+            f"block_table must be int32/int64 [R, max_blocks], got {block_table.dtype} "
+            f"{tuple(block_table.shape)}"
         )
     num_req = block_table.shape[0]
     if workspace_starts.shape != (num_req,):
@@ -231,7 +236,8 @@ def gather_plan(
     block_col = pos // block_size
     if total_rows and int(block_col.max()) >= block_table.shape[1]:
         raise ValueError(
-            f"a request reads position {int(pos.max())}, past its block_table row of {block_table.shape[1]} blocks"
+            f"a request reads position {int(pos.max())}, past its block_table row of "
+            f"{block_table.shape[1]} blocks"
         )
     blocks = block_table.long().cpu()[request, block_col]
     if total_rows and (int(blocks.min()) < 0 or int(blocks.max()) >= cache.shape[0]):
@@ -249,7 +255,8 @@ def check_scale_format(scale_format: str) -> None:
 def check_cache(cache: torch.Tensor) -> None:
     if cache.dtype != torch.uint8 or cache.dim() != 3:
         raise ValueError(
-            f"cache must be uint8 [num_blocks, block_size, row_bytes], got {cache.dtype} {tuple(cache.shape)}"
+            f"cache must be uint8 [num_blocks, block_size, row_bytes], got {cache.dtype} "
+            f"{tuple(cache.shape)}"
         )
     if cache.shape[-1] not in (g.NOPE_ROW_BYTES, g.FULL_ROW_BYTES):
         raise ValueError(f"cache rows must be 528 or 656 bytes, got {cache.shape[-1]}")

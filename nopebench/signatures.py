@@ -26,7 +26,8 @@ SIGNATURES = (
     Signature(
         "sparse-block-tables-width",
         re.compile(
-            r"expects sparse block_tables shape \((\d+), (\d+), (\d+)\), got \((\d+), (\d+), (\d+)\)"
+            r"expects sparse block_tables shape \((\d+), (\d+), (\d+)\), got \((\d+), (\d+), "
+            r"(\d+)\)"
         ),
         "the backend sized sparse_mla_top_k from index_topk instead of the top-k buffer width: "
         "the sparse page-table capacity fix (size from topk_indices_physical.shape[1]) is missing",

@@ -21,16 +21,19 @@ from nopebench.errors import UnsupportedError, UsageError
 HAS_NVCC = b.find_nvcc() is not None
 needs_nvcc = pytest.mark.skipif(not HAS_NVCC, reason="nvcc not found")
 
+WRITE_KERNEL = "_ZN9nopecache30concat_and_cache_ds_mla_kernelIlEEvPhli"
 FAKE_NVCC = """#!/usr/bin/env bash
 # Stands in for nvcc: counts its compile calls, writes the -o file, prints ptxas-style lines.
-if [ "$1" = "--version" ]; then echo "Cuda compilation tools, release 13.0, V13.0.0 (fake)"; exit 0; fi
+if [ "$1" = "--version" ]; then
+    echo "Cuda compilation tools, release 13.0, V13.0.0 (fake)"; exit 0
+fi
 echo call >> "{counter}"
 out=""; prev=""
 for a in "$@"; do [ "$prev" = "-o" ] && out="$a"; prev="$a"; done
 echo "not a library" > "$out"
 cat >&2 <<'EOF'
-ptxas info    : Compiling entry function '_ZN9nopecache30concat_and_cache_ds_mla_kernelIlEEvPhli' for 'sm_90a'
-ptxas info    : Function properties for _ZN9nopecache30concat_and_cache_ds_mla_kernelIlEEvPhli
+ptxas info    : Compiling entry function '{kernel}' for 'sm_90a'
+ptxas info    : Function properties for {kernel}
     8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads
 ptxas info    : Used 32 registers, used 0 barriers
 ptxas info    : Compiling entry function '_ZN9nopecache23gather_upconvert_kernelEPKhli' for 'sm_90a'
@@ -47,7 +50,7 @@ def fake_tools(tmp_path: Path) -> tuple[b.Toolchain, Path, Path]:
     counter = tmp_path / "calls"
     nvcc = tmp_path / "bin" / "nvcc"
     nvcc.parent.mkdir()
-    nvcc.write_text(FAKE_NVCC.format(counter=counter))
+    nvcc.write_text(FAKE_NVCC.format(counter=counter, kernel=WRITE_KERNEL))
     nvcc.chmod(nvcc.stat().st_mode | stat.S_IEXEC)
     src = tmp_path / "src"
     src.mkdir()

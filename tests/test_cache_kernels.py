@@ -151,7 +151,7 @@ def test_dequantize_every_fp8_byte_with_awkward_scales(numerics, tmp_path):
     assert not bad.size, [(tuple(i), hex(got[tuple(i)]), hex(expected[tuple(i)])) for i in bad[:5]]
 
 
-# ---------------------------------------------------------------- host-side checks, before any launch
+# --- host-side checks, before any launch --------------------------------------------------
 
 
 @pytest.fixture

@@ -326,7 +326,8 @@ def test_hopper_build_flags_spills_missing_wgmma_and_shared_memory_overruns():
         "no wgmma"
         in hopper_build.KernelBuild(16, 64, 2, False, 1.0, False, 152320, 153088, 128, 0).problems
     )
-    # The warp-specialised kernel's model carries its own margin: compiled bytes up to the model pass.
+    # The warp-specialised kernel's model carries its own margin: compiled bytes up to the model
+    # pass.
     ws = dict(kernel="hopper_ws")
     assert (
         "scorer + accumulator"
@@ -356,7 +357,8 @@ INTERPRETER_SCRIPT = textwrap.dedent("""
     results = []
     for heads, tokens, width, rope, row_bytes, splits, factored in json.loads(sys.argv[1]):
         q, cache, idx = decode_inputs(heads, tokens, width, rope, row_bytes, "cpu")
-        plan = dataclasses.replace(plan_launch(tokens, heads, width, block_n=16, splits=splits), factored=factored)
+        plan = plan_launch(tokens, heads, width, block_n=16, splits=splits)
+        plan = dataclasses.replace(plan, factored=factored)
         got = native_decode(q, cache, idx, 0.0625, rope, plan)
         ref, lse = sparse_decode_reference(q, cache, idx, 0.0625, rope)
         err = (got.out.float() - ref.float()).abs()

@@ -199,7 +199,8 @@ def test_strided_inputs_write_the_same_bytes(kv_c, fmt):
 
 
 def test_row_bytes_by_hand():
-    """One row built byte by byte: tile 0 amax 448 (scale 1), tile 1 zero, tile 2 amax 896, tile 3 tiny."""
+    """One row built byte by byte: tile 0 amax 448 (scale 1), tile 1 zero, tile 2 amax 896,
+    tile 3 tiny."""
     x = torch.zeros(1, 512)
     x[0, 0], x[0, 1], x[0, 2] = 448.0, -1.0625, 3.0  # 1.0625 is a tie: rounds to 1.0
     x[0, 256], x[0, 257] = -896.0, 1.0

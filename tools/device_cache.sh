@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench-cache evidence on a GPU machine, from the repository root:
 #
-#   bash scripts/device_cache.sh
+#   bash tools/device_cache.sh
 #
 # 1. build the CUDA cache kernels for the local GPU (nopebench build; ptxas resources logged)
 # 2. verify-layout --impl cuda --sweep: every sweep case bit-exact (glm53-flash: T in

@@ -1,11 +1,11 @@
 """Launch one native decode variant a few times, for `ncu` (a developer tool).
 
     ncu --clock-control none -k regex:sparse_decode --launch-skip 2 --launch-count 1 \
-        python3 scripts/profile_native.py --heads 16 --tokens 512 --block-n 32 --splits 2
+        python3 tools/profile_native.py --heads 16 --tokens 512 --block-n 32 --splits 2
     ncu --clock-control none -k regex:hopper_decode --launch-skip 2 --launch-count 1 \
-        python3 scripts/profile_native.py --hopper --heads 16 --tokens 512
+        python3 tools/profile_native.py --hopper --heads 16 --tokens 512
     ncu --clock-control none -k regex:hopper_ws --launch-skip 2 --launch-count 1 \
-        python3 scripts/profile_native.py --ws --heads 16 --tokens 512
+        python3 tools/profile_native.py --ws --heads 16 --tokens 512
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ A refactor of the kernels' Python (constants, helpers, formatting) should leave 
 same; run this before and after and compare the lines. Debug lines (.loc, .file, the debug
 sections) are left out, since they name source lines.
 
-    python3 tools/ptx_digest.py > before.txt; (edit); python3 tools/ptx_digest.py | diff before.txt -
+    python3 tools/ptx_digest.py > before.txt
+    (edit the kernels)
+    python3 tools/ptx_digest.py | diff before.txt -
 """
 
 from __future__ import annotations

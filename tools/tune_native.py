@@ -5,8 +5,8 @@ function, on the bench-decode problem: bench-decode's 1M-row cache (cases.build_
 rows NaN-poisoned), 2176-wide index rows with 2051 random valid slots and a -1 tail.
 Writes tune.csv (every variant) to $OUT or ./tune-out and prints the best per case.
 
-    PYTHONPATH=$PWD:/tmp/site python3 scripts/tune_native.py [--quick]            # portable kernel
-    PYTHONPATH=$PWD:/tmp/site python3 scripts/tune_native.py --hopper --cases 16x512,64x512,16x1,64x1
+    PYTHONPATH=$PWD:/tmp/site python3 tools/tune_native.py [--quick]            # portable kernel
+    PYTHONPATH=$PWD:/tmp/site python3 tools/tune_native.py --hopper --cases 16x512,64x512,16x1,64x1
 """
 
 from __future__ import annotations
@@ -331,8 +331,10 @@ def main() -> int:
     for (h, t, m), g in ok.groupby(["heads", "tokens", "mode"]):
         b = g.sort_values("median_ms").iloc[0]
         print(
-            f"H={h:<4} T={t:<4} {m:5} {b.median_ms:.4f} ms  bn={b.block_n} w={b.num_warps} pf={b.prefetch} "
-            f"st={b.num_stages} sp={b.splits} {b.kernel}{' split' if b.role_split else ''} {b.tbps:.2f} TB/s "
+            f"H={h:<4} T={t:<4} {m:5} {b.median_ms:.4f} ms  bn={b.block_n} w={b.num_warps} "
+            f"pf={b.prefetch} "
+            f"st={b.num_stages} sp={b.splits} {b.kernel}{' split' if b.role_split else ''} "
+            f"{b.tbps:.2f} TB/s "
             f"{b.tflops:.0f} TFLOP/s"
         )
     return 0

@@ -150,7 +150,8 @@ def toolchain() -> Toolchain:
     nvcc = find_nvcc()
     if nvcc is None:
         raise UnsupportedError(
-            "nvcc not found: set CUDA_HOME or put nvcc on PATH (CUDA 12.8+ builds sm_90a, sm_100a, sm_120a)"
+            "nvcc not found: set CUDA_HOME or put nvcc on PATH (CUDA 12.8+ builds sm_90a, "
+            "sm_100a, sm_120a)"
         )
     return Toolchain(nvcc=nvcc, version_text=_version_text(nvcc))
 
@@ -168,7 +169,8 @@ def parse_targets(arch: str) -> tuple[str, ...]:
             continue
         if not TARGET_RE.match(item):
             raise UsageError(
-                f"--arch {item!r}: expected targets like sm_90a, sm_100a, sm_120a or sm_89, comma-separated"
+                f"--arch {item!r}: expected targets like sm_90a, sm_100a, sm_120a or sm_89, "
+                "comma-separated"
             )
         if item not in targets:
             targets.append(item)
@@ -306,7 +308,8 @@ def _compile(
         log_path = Path(final.parent) / f"failed-{target}.log"
         log_path.write_text(f"$ {' '.join(cmd)}\n{log}\n", encoding="utf-8")
         raise BuildError(
-            f"nvcc failed for {target} (exit {proc.returncode}): {first_error(log)} (full log: {log_path})",
+            f"nvcc failed for {target} (exit {proc.returncode}): {first_error(log)} (full log: "
+            f"{log_path})",
             log,
             log_path,
         )
@@ -379,7 +382,11 @@ _INDEX_TYPES = {"i": "int32", "l": "int64"}
 
 
 def kernel_label(mangled: str) -> str:
-    """'_ZN9nopecache30concat_and_cache_ds_mla_kernelIlEEv...' -> 'concat_and_cache_ds_mla_kernel<int64>'."""
+    """A mangled kernel name as a short label.
+
+    '_ZN9nopecache30concat_and_cache_ds_mla_kernelIlEEv...'
+    -> 'concat_and_cache_ds_mla_kernel<int64>'
+    """
     m = re.match(r"_ZN9nopecache(\d+)", mangled)
     if not m:
         return mangled

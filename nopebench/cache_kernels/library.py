@@ -61,13 +61,15 @@ def load_library(device: torch.device) -> ctypes.CDLL:
             result = build_library(target)
             if not result.cached:
                 err_console.print(
-                    f"built the CUDA cache kernels for {target} in {result.seconds:.1f} s: {result.library}"
+                    f"built the CUDA cache kernels for {target} in {result.seconds:.1f} s: "
+                    f"{result.library}"
                 )
             lib = declare(ctypes.CDLL(str(result.library)))
             version = lib.nopecache_abi_version()
             if version != ABI_VERSION:
                 raise UnsupportedError(
-                    f"{result.library} has ABI {version}, expected {ABI_VERSION}: rebuild with `nopebench build --force`"
+                    f"{result.library} has ABI {version}, expected {ABI_VERSION}: rebuild with "
+                    "`nopebench build --force`"
                 )
             _loaded[target] = lib
         return _loaded[target]

@@ -123,7 +123,8 @@ def gather_upconvert_into(
         or not out.is_contiguous()
     ):
         raise ValueError(
-            f"out must be contiguous bf16 [{call.total_rows}, {g.UPCONVERT_DIM}], got {out.dtype} {tuple(out.shape)}"
+            f"out must be contiguous bf16 [{call.total_rows}, {g.UPCONVERT_DIM}], got {out.dtype} "
+            f"{tuple(out.shape)}"
         )
     if out.device != cache.device or out.data_ptr() % ALIGN:
         raise ValueError(f"out must be on {cache.device} and 16-byte aligned")
@@ -157,7 +158,8 @@ def prepare_write(
     devices = [t.device for t in (kv_c, k_pe, slot_mapping) if t is not None]
     if any(d != cache.device for d in devices):
         raise ValueError(
-            f"kv_c, k_pe, slot_mapping and cache must share a device, got {[str(d) for d in devices]} and {cache.device}"
+            "kv_c, k_pe, slot_mapping and cache must share a device, got "
+            f"{[str(d) for d in devices]} and {cache.device}"
         )
     # The kernel reads rows through their row stride; elements within a row must be adjacent.
     kv_c = kv_c if kv_c.stride(-1) == 1 else kv_c.contiguous()
@@ -194,7 +196,8 @@ def prepare_gather(
         raise ValueError(f"rope_dim 64 needs 656-byte rows, cache has {cache.shape[-1]}")
     if block_table.dim() != 2 or block_table.dtype not in INDEX_DTYPES:
         raise ValueError(
-            f"block_table must be int32/int64 [R, max_blocks], got {block_table.dtype} {tuple(block_table.shape)}"
+            f"block_table must be int32/int64 [R, max_blocks], got {block_table.dtype} "
+            f"{tuple(block_table.shape)}"
         )
     num_req = block_table.shape[0]
     for name, t in (("workspace_starts", workspace_starts), ("seq_starts", seq_starts)):

@@ -30,7 +30,8 @@ def execute(opts: BuildOptions, root=DEFAULT_ROOT) -> int:
         targets = COMPILE_ONLY_TARGETS
     elif local is None:
         raise UnsupportedError(
-            "no CUDA GPU is visible to build for: use --compile-only (sm_90a, sm_100a, sm_120a) or --arch LIST"
+            "no CUDA GPU is visible to build for: use --compile-only (sm_90a, sm_100a, sm_120a) "
+            "or --arch LIST"
         )
     else:
         targets = (local,)
@@ -56,7 +57,8 @@ def execute(opts: BuildOptions, root=DEFAULT_ROOT) -> int:
 
 def build_native_hopper() -> int:
     """Compile the SM90 decode kernels in each planned shape; exit 1 if one spills, lacks wgmma
-    or outgrows the shared memory the planner assumed. On a GPU the kernels compile when they run."""
+    or outgrows the shared memory the planner assumed. On a GPU the kernels compile when they
+    run."""
     from nopebench.impls.native import build as hopper_build
 
     title = "nopebench build: native decode kernels (Gluon, sm_90)"

@@ -99,11 +99,13 @@ def logical_to_physical(
     """
     if topk_logical.dim() != 2 or topk_logical.dtype not in (torch.int32, torch.int64):
         raise ValueError(
-            f"topk_logical must be int32/int64 [T, W], got {topk_logical.dtype} {tuple(topk_logical.shape)}"
+            f"topk_logical must be int32/int64 [T, W], got {topk_logical.dtype} "
+            f"{tuple(topk_logical.shape)}"
         )
     if block_table.dim() != 2 or block_table.dtype not in (torch.int32, torch.int64):
         raise ValueError(
-            f"block_table must be int32/int64 [R, max_blocks], got {block_table.dtype} {tuple(block_table.shape)}"
+            f"block_table must be int32/int64 [R, max_blocks], got {block_table.dtype} "
+            f"{tuple(block_table.shape)}"
         )
     if req_of_token.shape != (topk_logical.shape[0],):
         raise ValueError(

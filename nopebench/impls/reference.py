@@ -82,7 +82,8 @@ def check_decode_args(
         or cache.shape[-1] not in (g.NOPE_ROW_BYTES, g.FULL_ROW_BYTES)
     ):
         raise ValueError(
-            f"cache must be uint8 [blocks, block_size, 528 or 656], got {cache.dtype} {tuple(cache.shape)}"
+            f"cache must be uint8 [blocks, block_size, 528 or 656], got {cache.dtype} "
+            f"{tuple(cache.shape)}"
         )
     if rope_dim and cache.shape[-1] != g.FULL_ROW_BYTES:
         raise ValueError("decode with RoPE lanes needs 656-byte rows")
@@ -92,7 +93,8 @@ def check_decode_args(
         )
     if not (q.device == cache.device == indices.device):
         raise ValueError(
-            f"q, cache and indices must share a device, got {q.device}, {cache.device}, {indices.device}"
+            f"q, cache and indices must share a device, got {q.device}, {cache.device}, "
+            f"{indices.device}"
         )
 
 

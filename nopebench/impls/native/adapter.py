@@ -244,8 +244,8 @@ def _prepare(problem: DecodeProblem) -> DecodeRun:
 def native_spec() -> ImplSpec:
     return ImplSpec(
         name="native",
-        description="nopebench kernel (Gluon/wgmma on SM90, portable Triton elsewhere): packed fp8 rows read "
-        "in place, dequantized on chip",
+        description="nopebench kernel (Gluon/wgmma on SM90, portable Triton elsewhere): packed "
+        "fp8 rows read in place, dequantized on chip",
         unsupported=_unsupported,
         prepare=_prepare,
     )

@@ -81,7 +81,8 @@ class KernelBuild:
         splits = f", {self.splits} splits" if self.splits > 1 else ""
         blocks = f", {self.head_blocks} head blocks" if self.head_blocks > 1 else ""
         rope = ", RoPE" if self.rope else ""
-        return f"{name}{self.block_h} heads x {self.block_n} rows, {self.stages} slot(s){rope}{blocks}{splits}"
+        shape = f"{self.block_h} heads x {self.block_n} rows, {self.stages} slot(s)"
+        return f"{name}{shape}{rope}{blocks}{splits}"
 
     @property
     def problems(self) -> list[str]:

@@ -136,7 +136,8 @@ def _load_idx(idx_row, n0, end, BLOCK_N: gl.constexpr, layout: gl.constexpr):
 
 @gluon.jit
 def _dequantize_tile(raw_k, scales, kv_smem, stage, t: gl.constexpr, gather: gl.constexpr):
-    """fp8 * per-row tile scale -> bf16 for 128-wide tile t, rounded exactly as the reference does."""
+    """fp8 * per-row tile scale -> bf16 for 128-wide tile t, rounded exactly as the reference
+    does."""
     tile_of = gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, SCALES)), 0)
     scale = gl.convert_layout(
         gl.sum(gl.where(tile_of == t, scales, 0.0), axis=1), gl.SliceLayout(1, gather)

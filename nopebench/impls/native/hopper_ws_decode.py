@@ -694,8 +694,9 @@ def hopper_ws_decode_kernel(
     for b in gl.static_range(NUM_BUF):
         mbarrier.init(full_bars.index(b), count=1)
         mbarrier.init(empty_bars.index(b), count=1)
-    # (A tuple of the producer's arguments would lose their constexpr-ness, so each branch lists them.)
-    # The split count stays a run-time value here (False): as a constexpr Triton 3.9 spills 8 bytes at 16 heads.
+    # (A tuple of the producer's arguments would lose their constexpr-ness, so each branch lists
+    # them.) The split count stays a run-time value here (False): as a constexpr Triton 3.9
+    # spills 8 bytes at 16 heads.
 
     if ROLE_SPLIT:
         # The hand-over from scorer to accumulator: P's rescale factor per block, the final max

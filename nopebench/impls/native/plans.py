@@ -148,7 +148,8 @@ def plan_hopper(
     block_n: int | None = None,
     block_h: int | None = None,
 ) -> LaunchPlan:
-    """Launch shape for the SM90 kernel, from the H200 sweeps in results/reference/decode-tuning/hopper/.
+    """Launch shape for the SM90 kernel, from the H200 sweeps in
+    results/reference/decode-tuning/hopper/.
 
     One program per SM, so as many heads per program as shared memory allows (every head block
     re-gathers the rows), as long as the (token, head block) programs, cut into splits of one
