@@ -12,6 +12,7 @@ from nopebench import console as out
 from nopebench.bench import acceptance
 from nopebench.bench.decode_cases import BenchConfig, grid, load_bench_config, model_for
 from nopebench.bench.decode_runner import run_grid
+from nopebench.bench.run_compare import read_results
 from nopebench.bench.timing import measure_ceilings
 from nopebench.commands.options import BenchDecodeOptions
 from nopebench.environment import clock_sampler
@@ -34,18 +35,8 @@ def resolve_impls(cfg: BenchConfig, requested: tuple[str, ...] | list[str] | Non
 def read_baseline(path: Path | None) -> pd.DataFrame | None:
     if path is None:
         return None
-    if not path.is_file():
-        raise UsageError(f"--baseline {path}: not a file (give a bench-decode results.csv)")
-    try:
-        base = pd.read_csv(path, float_precision="round_trip")
-    except Exception as exc:  # noqa: BLE001 - any parse failure is the same usage error
-        raise UsageError(f"--baseline {path}: cannot read as CSV ({type(exc).__name__})") from None
-    missing = {"case", "impl", "median_ms", "spread", "error"} - set(base.columns)
-    if missing:
-        raise UsageError(
-            f"--baseline {path}: not a bench-decode results.csv (missing {', '.join(sorted(missing))})"
-        )
-    return base
+    required = ("case", "impl", "median_ms", "spread", "error")
+    return read_results(path, "--baseline", required, "a bench-decode results.csv")
 
 
 def execute(opts: BenchDecodeOptions) -> int:
