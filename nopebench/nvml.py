@@ -1,6 +1,7 @@
 """GPU state through NVML (the `nvidia-ml-py` package, imported as `pynvml`, which ships with the
 GPU stack): SM and memory clocks, power limit, ECC and persistence mode, and clock samples taken
-during a benchmark.
+during a benchmark. The clocks in a run's header are those when it started, which on an idle GPU
+are its idle clocks; the samples are taken under load.
 
 pynvml is imported only here and only when asked for. Every query is guarded: one that fails
 records None with the reason, and so does every field when pynvml, the driver or the GPU is
@@ -143,6 +144,7 @@ class ClockSampler:
         self.threshold = threshold
         self.sm_mhz: list[int] = []
         self.mem_mhz: list[int] = []
+        self.labels: list[str | None] = []
         self.failed = 0
 
     def __enter__(self) -> ClockSampler:
@@ -157,8 +159,9 @@ class ClockSampler:
         self._device = None
         self._stack.close()
 
-    def sample(self) -> None:
-        """Read both clocks now; a failing read is counted, never raised."""
+    def sample(self, label: str | None = None) -> None:
+        """Read both clocks now (`label`: when, for the trace); a failing read is counted, never
+        raised."""
         if self._device is None:
             return
         nv, handle = self._device
@@ -171,11 +174,19 @@ class ClockSampler:
             return
         self.sm_mhz.append(sm)
         self.mem_mhz.append(mem)
+        self.labels.append(label)
 
     def summary(self) -> dict[str, Any]:
-        return clock_summary(
-            self.sm_mhz, self.mem_mhz, self.threshold, self.unavailable, self.failed
-        )
+        trace = [
+            {"at": label, "sm_mhz": sm, "mem_mhz": mem}
+            for label, sm, mem in zip(self.labels, self.sm_mhz, self.mem_mhz, strict=True)
+        ]
+        return {
+            **clock_summary(
+                self.sm_mhz, self.mem_mhz, self.threshold, self.unavailable, self.failed
+            ),
+            "trace": trace,
+        }
 
 
 def clock_summary(
@@ -207,8 +218,10 @@ def clock_warning(summary: dict[str, Any]) -> str | None:
     """The one-line warning for a run whose SM clock varied beyond the threshold, else None."""
     if not summary.get("varied"):
         return None
+    lowest = min(summary.get("trace") or [], key=lambda t: t["sm_mhz"], default={}).get("at")
     return (
         f"SM clock varied {summary['sm_min_mhz']}-{summary['sm_max_mhz']} MHz across the run "
-        f"({100 * summary['sm_variation']:.1f}%, above {100 * summary['threshold']:.0f}% over "
-        f"{summary['samples']} samples): timings taken at different clocks may not compare"
+        f"({100 * summary['sm_variation']:.1f}%, above {100 * summary['threshold']:.0f}%, "
+        f"{summary['samples']} samples{f'; lowest {lowest}' if lowest else ''}): timings taken "
+        "at different clocks may not compare"
     )

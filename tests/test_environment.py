@@ -372,9 +372,11 @@ def test_bench_decode_warns_when_the_sm_clock_varies(
     clock = json.loads((run_dir / "results.json").read_text())["summary"]["sm_clock"]
     assert json.loads((run_dir / "run.json").read_text())["summary"]["sm_clock"] == clock
     assert clock["samples"] == len(calls) + 1 > 2  # before each case and after the last
+    assert [t["at"] for t in clock["trace"]] == [*(f"before {c}" for c in calls), "end"]
     assert clock["varied"] is warned
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if "SM clock varied" in line]
     assert len(lines) == (1 if warned else 0)
     if warned:
-        assert "1700-1980 MHz" in lines[0]
+        lowest = min(clock["trace"], key=lambda t: t["sm_mhz"])["at"]
+        assert "1700-1980 MHz" in lines[0] and f"lowest {lowest}" in lines[0]

@@ -62,11 +62,11 @@ def execute(opts: BenchDecodeOptions) -> int:
     with clock_sampler() as clocks, out.progress_bar("bench-decode", total=len(cases)) as advance:
 
         def step(label: str) -> None:
-            clocks.sample()
+            clocks.sample(f"before {label}")
             advance(label)
 
         rows = run_grid(cfg, model, cases, impls, ceil, budget, progress=step)
-        clocks.sample()
+        clocks.sample("end")
     df = pd.DataFrame(rows)
     if base is not None:
         df = acceptance.mark_regressions(df, base)
@@ -90,7 +90,7 @@ def execute(opts: BenchDecodeOptions) -> int:
     run.finish("failed" if failed else "passed", {**summary, "plots": [p.name for p in plots]})
     print_tables(df, crit, speedups, ceil.as_row())
     if warning := clock_warning(summary["sm_clock"]):
-        out.err_console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+        out.err_console.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
     out.console.print(f"results: {run.path}")
     if opts.output.json_out:
         out.print_json(df.to_dict("records"))
