@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from rich.markup import escape
+
 from nopebench import console as out
 from nopebench.bench.run_compare import (
     compare_runs,
@@ -45,6 +47,10 @@ def _write_new(path: Path, comparison) -> None:
         ) from None
 
 
+def _styled(cell: object) -> object:
+    return {"REGRESSION": "[bold red]REGRESSION[/]", "faster": "[green]faster[/]"}.get(cell, cell)
+
+
 def execute(opts: CompareOptions) -> int:
     _check_output(opts.output)
     comparison = compare_runs(load_run(opts.run_a, "RUN_A"), load_run(opts.run_b, "RUN_B"))
@@ -72,18 +78,14 @@ def execute(opts: CompareOptions) -> int:
         out.table(
             "per cell: median ms and spread ((p90 - p10) / median); marked beyond the larger spread",
             table_columns(comparison),
-            [
-                [
-                    c if not isinstance(c, str) or c != "REGRESSION" else "[bold red]REGRESSION[/]"
-                    for c in row
-                ]
-                for row in table_rows(comparison)
-            ],
+            [[_styled(cell) for cell in row] for row in table_rows(comparison)],
         )
     )
     for difference in comparison.differences():
-        con.print(f"[yellow]runs differ in {difference}[/]", highlight=False)
-    con.print(summary_line(comparison), highlight=False)
+        con.print(
+            f"[yellow]runs differ in {escape(difference)}[/]", highlight=False, soft_wrap=True
+        )
+    con.print(summary_line(comparison), highlight=False, soft_wrap=True)
     if opts.output is not None:
         _write_new(opts.output, comparison)
         con.print(f"comparison: {opts.output}")
