@@ -163,6 +163,7 @@ def test_two_kinds_are_refused(two_runs, tmp_path):
     [
         (lambda root: root / "nowhere", "not a nopebench run directory"),
         (lambda root: make_run(root, "v", A_ROWS, kind="verify-layout"), "a verify-layout run"),
+        (lambda root: make_run(root, "j", A_ROWS, kind="run"), "step's directory"),
         (lambda root: make_run(root, "r", A_ROWS, status="running"), "has not finished"),
         (lambda root: _without(make_run(root, "n", A_ROWS), "results.csv"), "not a file"),
         (lambda root: _rewrite(make_run(root, "m", A_ROWS), ["case", "median_ms"]), "missing"),

@@ -95,6 +95,10 @@ def load_run(path: Path, label: str) -> Run:
     kind = header.get("kind")
     if header.get("status") == "running":
         raise UsageError(f"{label} {path}: the run has not finished (status running)")
+    if kind == "run":
+        raise UsageError(
+            f"{label} {path}: a main-job run; give its bench-decode/ or bench-cache/ step's directory"
+        )
     if kind not in CELL_KEYS:
         raise UsageError(
             f"{label} {path}: a {kind} run; compare takes {' or '.join(CELL_KEYS)} runs"
