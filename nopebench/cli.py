@@ -231,6 +231,30 @@ def run(
 
 
 @app.command()
+def compare(
+    run_a: Annotated[Path, typer.Argument(help="The baseline run directory.")],
+    run_b: Annotated[Path, typer.Argument(help="The run compared with it (same kind).")],
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "--output",
+            "-o",
+            help="Also write a new .csv (the cells) or .json (everything); never replaces a file.",
+        ),
+    ] = None,
+    json_out: Annotated[
+        bool,
+        typer.Option("--json", help="Print the comparison as JSON on stdout (tables: stderr)."),
+    ] = False,
+) -> None:
+    """Two bench-decode or bench-cache runs side by side per cell: both medians and spreads,
+    B / A, and a regression mark where B is slower by more than the larger spread (exit 1)."""
+    from nopebench.commands import compare as command
+
+    _dispatch(lambda: command.execute(o.CompareOptions(run_a, run_b, output, json_out)))
+
+
+@app.command()
 def report(
     runs: Annotated[
         list[Path] | None,

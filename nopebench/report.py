@@ -393,6 +393,28 @@ def section_gsm8k(run: Path, assets: Path) -> str:
     return "## GSM8K (`gsm8k`)\n\n" + md_table(["field", "value"], rows)
 
 
+def section_comparison(a: Path, b: Path) -> str:
+    """Two bench-decode runs side by side per cell (`nopebench compare`'s table)."""
+    from nopebench.bench import run_compare
+
+    try:
+        comparison = run_compare.compare_runs(
+            run_compare.load_run(a, "first run"), run_compare.load_run(b, "second run")
+        )
+    except UsageError as exc:
+        return f"## Comparison of the two bench-decode runs\n\nNot compared: {exc}\n"
+    differ = "".join(f"\n- the runs differ in {d}" for d in comparison.differences())
+    return (
+        f"## Comparison of the two bench-decode runs (`nopebench compare`)\n\n"
+        f"A: `{a}` (git {comparison.a.describe()['git_sha']}), B: `{b}` (git "
+        f"{comparison.b.describe()['git_sha']}). Per cell both medians and spreads ((p90 - p10) "
+        "/ median) and B / A (> 1: B is slower); REGRESSION: B slower by more than the larger "
+        "of the two spreads, faster: A slower by more than that.\n\n"
+        f"{run_compare.summary_line(comparison)}.\n{differ}{chr(10) if differ else ''}\n"
+        + md_table(run_compare.table_columns(comparison), run_compare.table_rows(comparison))
+    )
+
+
 def _generic(run: Path, assets: Path) -> str:
     h = read_run(run)
     rows = [
@@ -428,6 +450,9 @@ def build_report(runs: list[Path], out_dir: Path) -> Path:
     for run in runs:
         kind = read_run(run).get("kind", "")
         parts.append(SECTIONS.get(kind, _generic)(run, out_dir))
+    decode = [run for run in runs if read_run(run).get("kind") == "bench-decode"]
+    if len(decode) == 2:
+        parts.append(section_comparison(*decode))
     path = out_dir / "report.md"
     tmp = path.with_name("report.md.tmp")
     tmp.write_text("\n".join(parts), encoding="utf-8")

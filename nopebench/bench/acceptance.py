@@ -162,15 +162,22 @@ def nope_speedups(rows: pd.DataFrame) -> pd.DataFrame:
     return both.reset_index()
 
 
-def mark_regressions(rows: pd.DataFrame, baseline: pd.DataFrame) -> pd.DataFrame:
+def spread_tolerance(spread: pd.Series, baseline_spread: pd.Series) -> pd.Series:
+    """How far a time may move from its baseline within noise: the larger of the two spreads."""
+    return pd.concat([spread, baseline_spread], axis=1).max(axis=1)
+
+
+def mark_regressions(
+    rows: pd.DataFrame, baseline: pd.DataFrame, keys: tuple[str, ...] = ("case", "impl")
+) -> pd.DataFrame:
     """Add vs_baseline (time / baseline time) and regression: slower by more than the larger of
-    the two runs' measured spreads."""
-    keys = ["case", "impl"]
+    the two runs' measured spreads. A cell is one row per `keys` in each run."""
+    keys = list(keys)
     base = timed(baseline)[keys + ["median_ms", "spread"]].rename(
         columns={"median_ms": "baseline_ms", "spread": "baseline_spread"}
     )
     merged = rows.merge(base, on=keys, how="left")
     merged["vs_baseline"] = merged.median_ms / merged.baseline_ms
-    tolerance = merged[["spread", "baseline_spread"]].max(axis=1)
+    tolerance = spread_tolerance(merged["spread"], merged["baseline_spread"])
     merged["regression"] = (merged.vs_baseline - 1 > tolerance) & merged.baseline_ms.notna()
     return merged

@@ -12,10 +12,13 @@ from nopebench import console as out
 from nopebench.bench import acceptance
 from nopebench.bench.decode_cases import BenchConfig, grid, load_bench_config, model_for
 from nopebench.bench.decode_runner import run_grid
+from nopebench.bench.run_compare import read_results
 from nopebench.bench.timing import measure_ceilings
 from nopebench.commands.options import BenchDecodeOptions
+from nopebench.environment import clock_sampler
 from nopebench.errors import EXIT_CHECK_FAILED, EXIT_OK, UnsupportedError, UsageError
 from nopebench.impls import registry
+from nopebench.nvml import clock_warning
 from nopebench.plots import decode_plots
 from nopebench.records import RunDir, write_csv, write_json
 
@@ -32,18 +35,8 @@ def resolve_impls(cfg: BenchConfig, requested: tuple[str, ...] | list[str] | Non
 def read_baseline(path: Path | None) -> pd.DataFrame | None:
     if path is None:
         return None
-    if not path.is_file():
-        raise UsageError(f"--baseline {path}: not a file (give a bench-decode results.csv)")
-    try:
-        base = pd.read_csv(path, float_precision="round_trip")
-    except Exception as exc:  # noqa: BLE001 - any parse failure is the same usage error
-        raise UsageError(f"--baseline {path}: cannot read as CSV ({type(exc).__name__})") from None
-    missing = {"case", "impl", "median_ms", "spread", "error"} - set(base.columns)
-    if missing:
-        raise UsageError(
-            f"--baseline {path}: not a bench-decode results.csv (missing {', '.join(sorted(missing))})"
-        )
-    return base
+    required = ("case", "impl", "median_ms", "spread", "error")
+    return read_results(path, "--baseline", required, "a bench-decode results.csv")
 
 
 def execute(opts: BenchDecodeOptions) -> int:
@@ -64,8 +57,16 @@ def execute(opts: BenchDecodeOptions) -> int:
     run = RunDir.create("bench-decode", opts.output.results_dir)
     out.console.print("measuring device ceilings (copy bandwidth, bf16 matmul)...")
     ceil = measure_ceilings()
-    with out.progress_bar("bench-decode", total=len(cases)) as advance:
-        rows = run_grid(cfg, model, cases, impls, ceil, budget, progress=advance)
+    # The SM clock is sampled before each case (the GPU still busy from the ceilings or the
+    # case before) and after the last; the summary says how far it moved.
+    with clock_sampler() as clocks, out.progress_bar("bench-decode", total=len(cases)) as advance:
+
+        def step(label: str) -> None:
+            clocks.sample(f"before {label}")
+            advance(label)
+
+        rows = run_grid(cfg, model, cases, impls, ceil, budget, progress=step)
+        clocks.sample("end")
     df = pd.DataFrame(rows)
     if base is not None:
         df = acceptance.mark_regressions(df, base)
@@ -81,12 +82,15 @@ def execute(opts: BenchDecodeOptions) -> int:
         "criteria": [c.as_row() for c in crit],
         "all_checks_passed": bool(crit[-1].passed),
         "regressions": int(df["regression"].sum()) if "regression" in df else None,
+        "sm_clock": clocks.summary(),
     }
     write_json(run.file("results.json"), {"summary": summary, "rows": df.to_dict("records")})
     plots = decode_plots(df, run.path)
     failed = not crit[-1].passed or bool(summary["regressions"])
     run.finish("failed" if failed else "passed", {**summary, "plots": [p.name for p in plots]})
     print_tables(df, crit, speedups, ceil.as_row())
+    if warning := clock_warning(summary["sm_clock"]):
+        out.err_console.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
     out.console.print(f"results: {run.path}")
     if opts.output.json_out:
         out.print_json(df.to_dict("records"))

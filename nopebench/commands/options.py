@@ -112,3 +112,11 @@ class ReportOptions:
     runs: tuple[Path, ...] = ()  # empty: the latest run of each kind
     output: Path | None = None
     results_dir: Path | None = None
+
+
+@dataclass(frozen=True)
+class CompareOptions:
+    run_a: Path  # the baseline run directory
+    run_b: Path  # the run compared with it
+    output: Path | None = None  # a new .csv (the cells) or .json (everything) file; never replaced
+    json_out: bool = False
