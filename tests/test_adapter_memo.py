@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from nopebench.impls import flashinfer as fa
-from nopebench.impls import memo
+from nopebench.impls import flashmla, memo
 from nopebench.impls.interface import DecodeProblem
 
 
@@ -52,7 +52,7 @@ def test_conversion_dies_with_its_cache():
     assert fa._memo_by_cache("bf16", q, lambda: marker) is marker
 
 
-@pytest.mark.parametrize("tolerance", [fa.FA3_TOLERANCE])
+@pytest.mark.parametrize("tolerance", [fa.FA3_TOLERANCE, flashmla.FLASHMLA_TOLERANCE])
 def test_peer_accuracy_classes_still_catch_the_prefix_truncation(tolerance):
     """Reading only index_topk = 2048 of a row's 2051 valid entries (what the pre-fix sizing
     does) must fail even the peers' looser classes, by a wide margin."""
