@@ -137,10 +137,23 @@ def bench_decode(
         Path | None,
         typer.Option(help="A previous bench-decode results.csv to mark regressions against."),
     ] = None,
+    heads: Annotated[
+        list[int] | None, typer.Option("--heads", help="Only these head counts (repeat).")
+    ] = None,
+    tokens: Annotated[
+        list[int] | None, typer.Option("--tokens", help="Only these query-token counts (repeat).")
+    ] = None,
+    width: Annotated[
+        list[int] | None, typer.Option("--width", help="Only these top-k widths (repeat).")
+    ] = None,
+    mode: Annotated[
+        list[str] | None,
+        typer.Option("--mode", help="Only these modes: nope, nope-pool, shim (repeat)."),
+    ] = None,
     results_dir: ResultsOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Check, then time, sparse MLA decode: native NoPE against the zero-padded shim and FlashInfer."""
+    """Check, then time, sparse MLA decode: NoPE against the shim, FlashMLA and FlashInfer."""
     from nopebench.commands import bench_decode as command
 
     opts = o.BenchDecodeOptions(
@@ -150,6 +163,10 @@ def bench_decode(
         quick=quick,
         baseline=baseline,
         output=o.Output(results_dir, json_out),
+        heads=tuple(heads or ()),
+        tokens=tuple(tokens or ()),
+        widths=tuple(width or ()),
+        modes=tuple(mode or ()),
     )
     _dispatch(lambda: command.execute(opts))
 

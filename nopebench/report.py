@@ -240,6 +240,23 @@ def section_pagetable(run: Path, assets: Path) -> str:
     return text
 
 
+def _run_criteria(summary: dict) -> tuple[list, str]:
+    """The criteria the run's own config held (its summary records the config), and a note
+    when they cannot be read back."""
+    from pydantic import ValidationError
+
+    from nopebench.bench.decode_cases import CriterionSpec
+
+    try:
+        specs = [
+            CriterionSpec.model_validate(c)
+            for c in (summary.get("config") or {}).get("criteria") or []
+        ]
+    except ValidationError as exc:
+        return [], f"\n(the run's criteria could not be read back: {_short(exc, 120)})\n"
+    return specs, ""
+
+
 def section_bench_decode(run: Path, assets: Path) -> str:
     from nopebench.bench import acceptance
     from nopebench.plots import decode_plots
@@ -265,37 +282,63 @@ def section_bench_decode(run: Path, assets: Path) -> str:
         ]
         for case in pivot.index
     ]
-    speed = acceptance.nope_speedups(df)
-    crit = acceptance.criteria(df)
     text = (
         f"## Sparse decode (`bench-decode`)\n\nCeilings measured in the same run: copy "
         f"{ceil.get('copy_gbps', float('nan')):.0f} GB/s, bf16 matmul {ceil.get('matmul_tflops', float('nan')):.0f} TFLOP/s. "
         "Cells: median ms over CUDA-graph replays with rotating inputs (% of roofline = the larger of "
         "bytes / copy bandwidth and FLOPs / matmul rate, over the time). Every timed cell passed its "
-        "correctness check against the reference in the same run.\n\n"
-        + md_table(["case", *pivot.columns], rows)
+        "correctness check against the reference in the same run, under its implementation's "
+        "accuracy class.\n\n"
     )
-    if not speed.empty:
-        text += "\n### NoPE over the zero-padded shim (shim ms / NoPE ms)\n\n" + md_table(
-            ["impl", "heads", "tokens", "width", "NoPE ms", "shim ms", "speed-up"],
-            [
+    text += _implementations(df) + "\n" + md_table(["case", *pivot.columns], rows)
+    answer = acceptance.nope_answer(df)
+    if not answer.empty:
+        text += (
+            "\n### NoPE against the shim\n\nvs X = X's median time / this NoPE time (> 1: NoPE "
+            "is faster). *best shim*: the fastest shim of any implementation that ran; *best "
+            "deployable*: the fastest path a serving engine runs on the fp8 cache, in any mode "
+            "(bounds such as fa3 over a bf16 copy excluded); *own shim*: the same "
+            "implementation's shim.\n\n"
+            + md_table(
                 [
-                    r.impl,
-                    r.heads,
-                    r.query_tokens,
-                    r.width,
-                    r.nope_ms,
-                    r.shim_ms,
-                    f"{r.nope_speedup:.3f}x",
-                ]
-                for r in speed.itertuples()
-            ],
+                    "impl",
+                    "mode",
+                    "heads",
+                    "tokens",
+                    "width",
+                    "NoPE ms",
+                    "best shim ms (impl)",
+                    "vs best shim",
+                    "best deployable ms (impl mode)",
+                    "vs best deployable",
+                    "vs own shim",
+                ],
+                [
+                    [
+                        r.impl,
+                        r.mode,
+                        r.heads,
+                        r.query_tokens,
+                        r.width,
+                        r.nope_ms,
+                        f"{md_cell(r.best_shim_ms)} ({md_cell(r.best_shim)})",
+                        _ratio(r.vs_best_shim),
+                        f"{md_cell(r.best_deployable_ms)} ({md_cell(r.best_deployable)})",
+                        _ratio(r.vs_best_deployable),
+                        _ratio(r.vs_own_shim),
+                    ]
+                    for r in answer.itertuples()
+                ],
+            )
         )
-    text += "\n### Issue 5 acceptance\n\n" + md_table(
-        ["criterion", "measured", "spread", "target", "result"],
+    specs, note = _run_criteria(summary)
+    crit = acceptance.criteria(df, specs)
+    text += "\n### Acceptance criteria (the run's bench config)\n\n" + md_table(
+        ["criterion", "cell", "measured", "spread", "target", "result"],
         [
             [
                 c.name,
+                c.cell or "every case",
                 c.measured,
                 acceptance.spread_band(c),
                 c.target,
@@ -306,7 +349,7 @@ def section_bench_decode(run: Path, assets: Path) -> str:
             for c in crit
         ],
     )
-    text += (
+    text += note + (
         "\n\nSpread: the sum of the two cells' (p90 - p10) / median. *Within spread*: the ratio is "
         "nearer its target than that, so another run could give the other verdict.\n"
     )
@@ -314,6 +357,31 @@ def section_bench_decode(run: Path, assets: Path) -> str:
     text += "".join(f"\n- `{r.impl}` not run: {r.skipped}" for r in skipped.itertuples())
     text += "\n" + "".join(f"\n![{p.stem}]({p.name})\n" for p in plots)
     return text
+
+
+def _ratio(value: object) -> str:
+    return "-" if value is None or pd.isna(value) else f"{value:.2f}x"
+
+
+def _implementations(df: pd.DataFrame) -> str:
+    """Which serving backend each implementation stands for, from the rows themselves."""
+    cols = ["impl", "serving_backend", "deployable", "accuracy_class", "library", "library_version"]
+    if "serving_backend" not in df:
+        return ""
+    first = df.drop_duplicates("impl").reindex(columns=cols)
+    return md_table(
+        ["impl", "serving backend", "deployable", "accuracy class", "library"],
+        [
+            [
+                r.impl,
+                r.serving_backend if isinstance(r.serving_backend, str) else "none",
+                r.deployable,
+                r.accuracy_class,
+                f"{md_cell(r.library)} {md_cell(r.library_version)}",
+            ]
+            for r in first.itertuples()
+        ],
+    )
 
 
 def section_bench_cache(run: Path, assets: Path) -> str:

@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from nopebench.bench import acceptance
+from nopebench.bench import acceptance, decode_cases
 from nopebench.bench import decode_runner as runner
 from nopebench.bench.decode_cases import (
     BenchConfig,
@@ -29,6 +29,7 @@ from nopebench.impls.reference import reference_spec
 from nopebench.plots import decode_plots
 
 CEIL = Ceilings(copy_gbps=4000.0, matmul_tflops=700.0)
+SHIPPED = load_bench_config("h200-nope").criteria
 
 
 def small_config(**kw) -> BenchConfig:
@@ -142,6 +143,7 @@ def test_runner_checks_then_times_and_rejects_wrong_kernels(monkeypatch):
     )
     by = {r["impl"]: r for r in rows}
     assert by["reference"]["passed"] and by["reference"]["median_ms"] == 1.0
+    assert by["good"]["passed_strict"] and by["good"]["accuracy_class"] == "strict"
     assert by["good"]["passed"] and by["good"]["error"] is None and by["good"]["pct_roofline"] > 0
     assert not by["pad-bug"]["passed"] and "correctness check failed" in by["pad-bug"]["error"]
     assert "median_ms" not in by["pad-bug"]  # a failed check is never timed
@@ -214,28 +216,30 @@ def _rows(
     return pd.DataFrame(data)
 
 
-def test_criteria_pass_and_fail_on_the_issue_thresholds():
-    assert all(c.passed for c in acceptance.criteria(_rows()))
-    slow = {c.name: c for c in acceptance.criteria(_rows(native16=0.31))}
+def test_shipped_criteria_pass_and_fail_on_their_thresholds():
+    assert all(c.passed for c in acceptance.criteria(_rows(), SHIPPED))
+    slow = {c.name: c for c in acceptance.criteria(_rows(native16=0.31), SHIPPED)}
     assert not slow["H=16: native NoPE at least as fast as fa3 bf16 NoPE (fa3 / native)"].passed
-    within = {c.name: c for c in acceptance.criteria(_rows(native64=0.345 * 1.3))}
+    within = {c.name: c for c in acceptance.criteria(_rows(native64=0.345 * 1.3), SHIPPED)}
     assert not within["H=64: native NoPE within 1.25x of fa3 bf16 NoPE (fa3 / native)"].passed
-    shim = {c.name: c for c in acceptance.criteria(_rows(shim16=0.28 * 1.1))}
+    shim = {c.name: c for c in acceptance.criteria(_rows(shim16=0.28 * 1.1), SHIPPED)}
     assert not shim["H=16: native NoPE vs native shim (shim / NoPE)"].passed
 
 
 def test_criteria_flag_a_verdict_inside_the_measured_spread_without_changing_it():
     """Each cell's spread is 2%, so a ratio's band is 4%: 0.295 against 0.293 ms (0.993x) fails
     the H=16 criterion but is flagged as within the spread; 0.31 (0.945x) is not."""
-    tie = {c.name: c for c in acceptance.criteria(_rows(native16=0.295, bf16_16=0.293))}
+    tie = {c.name: c for c in acceptance.criteria(_rows(native16=0.295, bf16_16=0.293), SHIPPED)}
     h16 = tie["H=16: native NoPE at least as fast as fa3 bf16 NoPE (fa3 / native)"]
     assert h16.passed is False and h16.within_spread and h16.spread == pytest.approx(0.04)
     assert h16.as_row()["within_spread"] is True and acceptance.spread_band(h16) == "±4.0%"
-    clear = {c.name: c for c in acceptance.criteria(_rows(native16=0.31, bf16_16=0.293))}
+    clear = {c.name: c for c in acceptance.criteria(_rows(native16=0.31, bf16_16=0.293), SHIPPED)}
     assert not clear[
         "H=16: native NoPE at least as fast as fa3 bf16 NoPE (fa3 / native)"
     ].within_spread
-    just_over = {c.name: c for c in acceptance.criteria(_rows(native16=0.291, bf16_16=0.293))}
+    just_over = {
+        c.name: c for c in acceptance.criteria(_rows(native16=0.291, bf16_16=0.293), SHIPPED)
+    }
     assert just_over["H=16: native NoPE at least as fast as fa3 bf16 NoPE (fa3 / native)"].passed
     assert just_over[
         "H=16: native NoPE at least as fast as fa3 bf16 NoPE (fa3 / native)"
@@ -252,16 +256,16 @@ def test_criteria_missing_implementation_is_not_measurable_and_failures_count():
     rows = _rows()
     rows = rows[rows.impl != "flashinfer-fa3-fp8"].copy()
     rows.loc[0, "passed"] = False
-    crit = {c.name: c for c in acceptance.criteria(rows)}
+    crit = {c.name: c for c in acceptance.criteria(rows, SHIPPED)}
     assert crit["H=16: native NoPE vs fa3 fp8 (fa3 fp8 / native)"].passed is None
     assert crit["every case that ran passed its correctness check (failures)"].measured == 1.0
 
 
 def test_nope_speedup_and_regressions():
     rows = _rows()
-    sp = acceptance.nope_speedups(rows)
-    row = sp[(sp.impl == "native") & (sp.heads == 16)].iloc[0]
-    assert row.nope_speedup == pytest.approx(0.33 / 0.28)
+    sp = acceptance.nope_answer(rows)
+    row = sp[(sp.impl == "native") & (sp.heads == 16) & (sp.query_tokens == 512)].iloc[0]
+    assert row.vs_own_shim == pytest.approx(0.33 / 0.28)
     slower = _rows(native16=0.28 * 1.10, native64=0.40 * 1.01)
     marked = acceptance.mark_regressions(slower, rows)
     flagged = set(marked[marked.regression].case + "/" + marked[marked.regression].impl)
@@ -272,3 +276,248 @@ def test_plots_render(tmp_path):
     paths = decode_plots(_rows(), tmp_path)
     assert [p.name for p in paths] == ["decode_latency.png", "decode_roofline.png"]
     assert all(p.stat().st_size > 1000 for p in paths)
+
+
+# --- criteria as data ---------------------------------------------------------------------------
+
+
+def test_shipped_criteria_are_the_targets_the_harness_held_before_they_became_data():
+    """(name, subject, baseline, heads, tokens, min_speedup), all at width 2176 with 2051 active."""
+    fa3, fp8 = "flashinfer-fa3-bf16", "flashinfer-fa3-fp8"
+    expected = [
+        (
+            "H=16: native NoPE at least as fast as fa3 bf16 NoPE (fa3 / native)",
+            fa3,
+            "nope",
+            16,
+            512,
+            1.0,
+        ),
+        ("H=16: native NoPE vs fa3 fp8 (fa3 fp8 / native)", fp8, "nope", 16, 512, 5.0),
+        ("H=16: native NoPE vs native shim (shim / NoPE)", "native", "shim", 16, 512, 1.15),
+        (
+            "H=64: native NoPE within 1.25x of fa3 bf16 NoPE (fa3 / native)",
+            fa3,
+            "nope",
+            64,
+            512,
+            0.8,
+        ),
+        ("H=64: native NoPE vs fa3 fp8 (fa3 fp8 / native)", fp8, "nope", 64, 512, 4.0),
+        ("H=64: native NoPE vs native shim (shim / NoPE)", "native", "shim", 64, 512, 1.05),
+        ("H=16, 1 token: native no slower than fa3 bf16 (fa3 / native)", fa3, "nope", 16, 1, 1.0),
+        ("H=64, 1 token: native no slower than fa3 bf16 (fa3 / native)", fa3, "nope", 64, 1, 1.0),
+    ]
+    got = [
+        (c.name, c.baseline.impl, c.baseline.mode, c.cell.heads, c.cell.tokens, c.min_speedup)
+        for c in SHIPPED
+    ]
+    assert got == expected
+    assert all(
+        (c.subject.impl, c.subject.mode, c.cell.width, c.cell.active)
+        == ("native", "nope", 2176, 2051)
+        for c in SHIPPED
+    )
+
+
+def _config_with(tmp_path, **changes) -> str:
+    data = yaml.safe_load(resolve_config_path("h200-nope", "bench").read_text())
+    data.update(changes)
+    path = tmp_path / "bench.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+FLASHMLA_VS_NATIVE_SHIM = {
+    "name": "H=16: FlashMLA's shim against the native shim",
+    "subject": {"impl": "flashmla", "mode": "shim"},
+    "baseline": {"impl": "native", "mode": "shim"},
+    "cell": {"heads": 16, "tokens": 512, "width": 2176, "active": 2051},
+    "min_speedup": 1,  # an integer in YAML is a number too
+}
+
+
+def test_a_criterion_written_in_yaml_is_evaluated(tmp_path):
+    cfg = load_bench_config(_config_with(tmp_path, criteria=[FLASHMLA_VS_NATIVE_SHIM]))
+    (spec,) = cfg.criteria
+    rows = _rows()
+    flashmla_shim = rows[(rows.impl == "native") & (rows["mode"] == "shim") & (rows.heads == 16)]
+    rows = pd.concat([rows, flashmla_shim.assign(impl="flashmla", median_ms=0.30)])
+    crit = acceptance.criteria(rows, cfg.criteria)
+    assert [c.name for c in crit] == [
+        spec.name,
+        "every case that ran passed its correctness check (failures)",
+    ]
+    assert crit[0].measured == pytest.approx(0.33 / 0.30) and crit[0].passed
+    assert crit[0].target == ">= 1.00" and crit[0].cell == "H=16 T=512 W=2176 (2051 active)"
+    slower = acceptance.criteria(
+        rows.assign(median_ms=rows.median_ms.where(rows.impl != "flashmla", 0.40)), cfg.criteria
+    )
+    assert slower[0].passed is False and slower[0].measured == pytest.approx(0.33 / 0.40)
+    without = acceptance.criteria(rows[rows.impl != "flashmla"], cfg.criteria)
+    assert without[0].passed is None and without[0].measured is None
+
+
+def _with(**change):
+    crit = {**FLASHMLA_VS_NATIVE_SHIM, **change}
+    return [crit]
+
+
+@pytest.mark.parametrize(
+    "changes, needle",
+    [
+        (
+            {"criteria": _with(subject={"impl": "flashmal", "mode": "shim"})},
+            "subject impl 'flashmal' is not an implementation",
+        ),
+        (
+            {"criteria": _with(baseline={"impl": "native", "mode": "nope-pool"})},
+            "baseline mode 'nope-pool' is not one of the config's modes",
+        ),
+        (
+            {"criteria": _with(baseline={"impl": "native", "mode": "rope"})},
+            "criteria.0.baseline.mode",
+        ),
+        (
+            {"criteria": _with(cell={"heads": 24, "tokens": 512, "width": 2176, "active": 2051})},
+            "cell H=24 T=512 W=2176 (2051 active) is not in the config's grid",
+        ),
+        (
+            {"criteria": _with(cell={"heads": 16, "tokens": 512, "width": 2176, "active": 2048})},
+            "is not in the config's grid",
+        ),
+        ({"criteria": _with(min_speedup=0)}, "criteria.0.min_speedup"),
+        ({"criteria": _with(min_speedup="fast")}, "criteria.0.min_speedup"),
+        (
+            {"criteria": [{k: v for k, v in FLASHMLA_VS_NATIVE_SHIM.items() if k != "cell"}]},
+            "missing required key 'criteria.0.cell'",
+        ),
+        ({"criteria": _with(faster="x")}, "unknown key 'criteria.0.faster'"),
+        ({"criteria": _with() + _with()}, "another criterion has this name"),
+        ({"version": 1}, "version = 1: this nopebench reads bench config version 2"),
+        (
+            {"widths": [{"width": 2176, "active": 2051}, {"width": 2176, "active": 2048}]},
+            "lists width 2176 more than once",
+        ),
+    ],
+)
+def test_bad_criteria_are_refused_in_one_line(tmp_path, changes, needle):
+    path = _config_with(tmp_path, **changes)
+    with pytest.raises(UsageError) as err:
+        load_bench_config(path)
+    assert needle in str(err.value) and "\n" not in str(err.value) and path in str(err.value)
+
+
+# --- case selection -----------------------------------------------------------------------------
+
+
+def test_filters_select_the_product_of_their_values():
+    cases = grid(load_bench_config("h200-nope"), quick=False)
+    assert decode_cases.select_cases(cases) == cases
+    picked = decode_cases.select_cases(cases, heads=(16, 64), tokens=(512,), modes=("shim",))
+    assert {(c.heads, c.query_tokens, c.width, c.mode) for c in picked} == {
+        (h, 512, w, "shim") for h in (16, 64) for w in (2048, 2176)
+    }
+    (one,) = decode_cases.select_cases(cases, (128,), (8,), (2048,), ("nope",))
+    assert one.case_id == "h128-t8-w2048a2048-nope"
+
+
+@pytest.mark.parametrize(
+    "filters, needle",
+    [
+        (
+            {"heads": (16, 24)},
+            "--heads 24 matches no case of h200-nope (its heads: 16, 32, 64, 128)",
+        ),
+        (
+            {"tokens": (2,)},
+            "--tokens 2 matches no case of h200-nope (its query tokens: 1, 8, 64, 128, 512)",
+        ),
+        ({"widths": (2051,)}, "--width 2051 matches no case of h200-nope (its width: 2048, 2176)"),
+        (
+            {"modes": ("nope-pool",)},
+            "--mode nope-pool matches no case of h200-nope (its mode: nope, shim)",
+        ),
+    ],
+)
+def test_a_filter_that_matches_nothing_is_one_line(filters, needle):
+    cases = grid(load_bench_config("h200-nope"), quick=False)
+    with pytest.raises(UsageError) as err:
+        decode_cases.select_cases(cases, grid_name="h200-nope", **filters)
+    assert str(err.value) == needle
+
+
+# --- the NoPE answer ----------------------------------------------------------------------------
+
+
+def _answer_rows():
+    """One cell (H=16, 512 tokens, 2176/2051): native NoPE 0.28 and shim 0.33, FlashMLA's shim
+    0.47 (and its NoPE, run as the shim, 0.47), fa3 bf16 NoPE 0.30 and shim 0.31 (a bound: no
+    serving backend), fa3 fp8 NoPE 1.6."""
+    rows = _rows()
+    rows = rows[(rows.heads == 16) & (rows.query_tokens == 512)].copy()
+    backend = {
+        "flashmla": "vLLM FLASHMLA_SPARSE",
+        "flashinfer-fa3-fp8": "vLLM FLASHINFER_MLA_SPARSE_SM90 (its kernel)",
+    }
+    extra = rows.iloc[:1].copy()
+    more = pd.concat(
+        [
+            extra.assign(impl="flashmla", mode="nope", median_ms=0.47),
+            extra.assign(impl="flashmla", mode="shim", median_ms=0.47),
+            extra.assign(impl="flashinfer-fa3-bf16", mode="shim", median_ms=0.31),
+            extra.assign(
+                impl="flashinfer-sm120", mode="nope", median_ms=float("nan"), skipped="needs SM120"
+            ),
+        ]
+    )
+    rows = pd.concat([rows, more], ignore_index=True)
+    rows["serving_backend"] = rows.impl.map(backend)
+    return rows
+
+
+def test_nope_answer_against_the_best_shim_and_the_best_deployable_path():
+    answer = acceptance.nope_answer(_answer_rows()).set_index("impl")
+    assert set(answer.index) == {"native", "flashinfer-fa3-bf16", "flashinfer-fa3-fp8", "flashmla"}
+    native = answer.loc["native"]
+    assert native.best_shim == "flashinfer-fa3-bf16" and native.best_shim_ms == 0.31
+    assert native.vs_best_shim == pytest.approx(0.31 / 0.28)
+    # fa3 bf16 is a bound (no serving backend): the best deployable path is FlashMLA's, not fa3's
+    assert native.best_deployable == "flashmla nope" and native.best_deployable_ms == 0.47
+    assert native.vs_best_deployable == pytest.approx(0.47 / 0.28)
+    assert native.own_shim_ms == 0.33 and native.vs_own_shim == pytest.approx(0.33 / 0.28)
+    fp8 = answer.loc["flashinfer-fa3-fp8"]
+    assert pd.isna(fp8.own_shim_ms) and fp8.vs_best_deployable == pytest.approx(0.47 / 1.6)
+    assert answer.loc["flashmla"].vs_own_shim == pytest.approx(1.0)
+
+
+def test_nope_answer_of_a_run_without_nope_rows_is_empty():
+    rows = _answer_rows()
+    assert acceptance.nope_answer(rows[rows["mode"] == "shim"]).empty
+
+
+# --- accuracy classes ---------------------------------------------------------------------------
+
+
+def test_each_implementation_is_held_to_its_own_class_and_the_row_says_which(monkeypatch):
+    """A kernel whose output is off by a little more than the strict cosine bound fails strict
+    but passes a class that allows it; the row records the class that was applied."""
+    from nopebench.impls.interface import STRICT, Tolerance
+
+    def slightly_off(problem):
+        out = _ref(problem).float()
+        noise = torch.randn(out.shape, generator=torch.Generator().manual_seed(0))
+        return (out * (1 + 4e-3 * noise)).to(torch.bfloat16)
+
+    loose = Tolerance(1e-3, 2 / 128, 1e-4, "test", max_mismatch=0.5, name="loose")
+    strict_spec = _spec("strict-peer", slightly_off)
+    loose_spec = replace(_spec("loose-peer", slightly_off), tolerance=loose)
+    by = {r["impl"]: r for r in _run(monkeypatch, [strict_spec, loose_spec])}
+    assert by["strict-peer"]["accuracy_class"] == STRICT.name and not by["strict-peer"]["passed"]
+    assert by["loose-peer"]["accuracy_class"] == "loose" and by["loose-peer"]["passed"]
+    assert (
+        by["loose-peer"]["passed_strict"] is False and by["strict-peer"]["passed_strict"] is False
+    )
+    assert by["loose-peer"]["cos_diff"] > STRICT.cos_tol and "median_ms" in by["loose-peer"]
+    assert by["loose-peer"]["accuracy_rule"] == loose.rule()
+    assert by["loose-peer"]["library"] == "torch"

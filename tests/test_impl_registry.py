@@ -22,6 +22,7 @@ from nopebench.impls.reference import sparse_decode_reference
 EXPECTED = [
     "reference",
     "native",
+    "flashmla",
     "flashinfer-sm120",
     "flashinfer-trtllm",
     "flashinfer-fa3-bf16",

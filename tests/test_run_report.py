@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
+from nopebench.bench.decode_cases import load_bench_config
 from nopebench.cli import app
 from nopebench.errors import UsageError
 from nopebench.records import RunDir, read_run, write_csv, write_json
@@ -90,15 +91,23 @@ def test_run_with_a_bad_model_config_writes_nothing(tmp_path):
 def _fake_decode_run(root):
     run = RunDir.create("bench-decode", root)
     rows = []
+    backends = {"flashmla": "vLLM FLASHMLA_SPARSE"}
     for impl, mode, ms in [
         ("native", "nope", 0.5),
         ("flashinfer-fa3-bf16", "nope", 0.3),
+        ("flashmla", "nope", 0.46),
         ("native", "shim", 0.6),
+        ("flashmla", "shim", 0.45),
     ]:
         rows.append(
             {
                 "case": f"h16-t512-w2176a2051-{mode}",
                 "impl": impl,
+                "serving_backend": backends.get(impl),
+                "deployable": "yes" if impl in backends else "no",
+                "accuracy_class": "strict",
+                "library": "torch",
+                "library_version": "2.11.0",
                 "mode": mode,
                 "heads": 16,
                 "query_tokens": 512,
@@ -113,7 +122,13 @@ def _fake_decode_run(root):
             }
         )
     write_csv(run.file("results.csv"), rows)
-    run.finish("passed", {"ceilings": {"copy_gbps": 4000.0, "matmul_tflops": 700.0}})
+    run.finish(
+        "passed",
+        {
+            "ceilings": {"copy_gbps": 4000.0, "matmul_tflops": 700.0},
+            "config": load_bench_config("h200-nope").model_dump(),
+        },
+    )
     return run.path
 
 
@@ -123,10 +138,23 @@ def test_report_renders_decode_tables_criteria_and_plots(tmp_path):
     text = report.read_text()
     assert "| case | native | flashinfer-fa3-bf16 |" in text
     assert "| h16-t512-w2176a2051-nope | 0.5000 (30%) | 0.3000 (30%) |" in text
-    assert "1.200x" in text  # shim 0.6 / NoPE 0.5
+    # NoPE against the best shim of any implementation (flashmla's, 0.45), the best deployable
+    # path (the same), and its own shim (0.6 / 0.5)
     assert (
-        "H=16: native NoPE at least as fast as fa3 bf16 NoPE (fa3 / native) | 0.6 | ±2.0% | >= 1.00 | **FAIL** |"
-        in text
+        "| native | nope | 16 | 512 | 2176 | 0.5 | 0.45 (flashmla) | 0.90x | 0.45 (flashmla shim)"
+        " | 0.90x | 1.20x |" in text
+    )
+    assert (
+        "| flashinfer-fa3-bf16 | nope | 16 | 512 | 2176 | 0.3 | 0.45 (flashmla) | 1.50x |" in text
+    )
+    assert "| flashmla | vLLM FLASHMLA_SPARSE | yes |" in text
+    assert (
+        "H=16: native NoPE at least as fast as fa3 bf16 NoPE (fa3 / native) | H=16 T=512 W=2176"
+        " (2051 active) | 0.6 | ±2.0% | >= 1.00 | **FAIL** |" in text
+    )
+    assert (
+        "| H=16: native NoPE vs fa3 fp8 (fa3 fp8 / native) | H=16 T=512 W=2176 (2051 active)"
+        " | - | - | >= 5.00 | not measured |" in text
     )
     assert (tmp_path / "rep" / "decode_latency.png").is_file()
 

@@ -1,13 +1,18 @@
-"""Pure functions over bench-decode records: speed-up ratios, issue 5's acceptance criteria,
-and regressions against a baseline run. Tables, plots and the report all read these."""
+"""Pure functions over bench-decode records: the NoPE-against-shim answer, speed-up ratios, the
+config's acceptance criteria, and regressions against a baseline run. Tables, plots and the
+report all read these."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pandas as pd
 
-TARGET_TOKENS, TARGET_WIDTH, TARGET_ACTIVE = 512, 2176, 2051
+from nopebench.bench.decode_cases import CriterionSpec
+
+NOPE_MODES = ("nope", "nope-pool")
+CELL_KEYS = ["heads", "query_tokens", "width", "active"]
 
 
 @dataclass(frozen=True)
@@ -20,6 +25,7 @@ class Criterion:
     spread: float | None = (
         None  # the ratio's noise band: the sum of its two cells' (p90 - p10) / median
     )
+    cell: str | None = None  # the grid point a ratio criterion reads
 
     @property
     def within_spread(self) -> bool:
@@ -32,6 +38,7 @@ class Criterion:
     def as_row(self) -> dict:
         return {
             "criterion": self.name,
+            "cell": self.cell,
             "measured": self.measured,
             "target": self.target,
             "passed": self.passed,
@@ -53,16 +60,17 @@ def timed(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def _cell(
-    df: pd.DataFrame, impl: str, heads: int, tokens: int, mode: str
+    df: pd.DataFrame, impl: str, mode: str, spec: CriterionSpec
 ) -> tuple[float, float] | None:
-    """Median ms and spread of one timed cell at the target width, or None."""
+    """Median ms and spread of one timed cell, or None."""
+    cell = spec.cell
     sel = df[
         (df.impl == impl)
-        & (df.heads == heads)
-        & (df.query_tokens == tokens)
         & (df["mode"] == mode)
-        & (df.width == TARGET_WIDTH)
-        & (df.active == TARGET_ACTIVE)
+        & (df.heads == cell.heads)
+        & (df.query_tokens == cell.tokens)
+        & (df.width == cell.width)
+        & (df.active == cell.active)
     ]
     if not len(sel):
         return None
@@ -70,74 +78,31 @@ def _cell(
     return float(sel.median_ms.iloc[0]), float(spread)
 
 
-def _ratio_at_least(
-    name: str,
-    num: tuple[float, float] | None,
-    den: tuple[float, float] | None,
-    bound: float,
-    target: str,
-) -> Criterion:
-    """Time of cell `num` / time of cell `den` >= bound, with the two cells' spreads added as
-    the ratio's noise band."""
-    if num is None or den is None:
-        return Criterion(name, None, target, None, bound)
-    ratio, spread = num[0] / den[0], num[1] + den[1]
+def evaluate(df: pd.DataFrame, spec: CriterionSpec) -> Criterion:
+    """baseline time / subject time >= min_speedup, with the two cells' spreads added as the
+    ratio's noise band; not measurable (passed None) when either cell was not timed."""
+    target = f">= {spec.min_speedup:.2f}"
+    subject = _cell(df, spec.subject.impl, spec.subject.mode, spec)
+    baseline = _cell(df, spec.baseline.impl, spec.baseline.mode, spec)
+    if subject is None or baseline is None:
+        return Criterion(spec.name, None, target, None, spec.min_speedup, cell=spec.cell.label())
+    ratio, spread = baseline[0] / subject[0], baseline[1] + subject[1]
     return Criterion(
-        name, ratio, target, ratio >= bound, bound, None if pd.isna(spread) else spread
+        spec.name,
+        ratio,
+        target,
+        ratio >= spec.min_speedup,
+        spec.min_speedup,
+        None if pd.isna(spread) else spread,
+        cell=spec.cell.label(),
     )
 
 
-def criteria(rows: pd.DataFrame) -> list[Criterion]:
-    """Issue 5's 'done when', at 512 query tokens, width 2176 with 2051 active (1 token for
-    the last two). Ratios are times: slower / faster, so >= 1 means the first named is faster."""
+def criteria(rows: pd.DataFrame, specs: Sequence[CriterionSpec]) -> list[Criterion]:
+    """The config's speed criteria, in its order, then the one every run has: every case that
+    ran passed its correctness check (always last)."""
     df = timed(rows)
-    t = TARGET_TOKENS
-    out = []
-    for heads, fp8_x, bf16_bound, shim_x in ((16, 5.0, 1.0, 1.15), (64, 4.0, 1 / 1.25, 1.05)):
-        native = _cell(df, "native", heads, t, "nope")
-        bf16 = _cell(df, "flashinfer-fa3-bf16", heads, t, "nope")
-        fp8 = _cell(df, "flashinfer-fa3-fp8", heads, t, "nope")
-        shim = _cell(df, "native", heads, t, "shim")
-        relation = "at least as fast as" if bf16_bound == 1.0 else "within 1.25x of"
-        out.append(
-            _ratio_at_least(
-                f"H={heads}: native NoPE {relation} fa3 bf16 NoPE (fa3 / native)",
-                bf16,
-                native,
-                bf16_bound,
-                f">= {bf16_bound:.2f}",
-            )
-        )
-        out.append(
-            _ratio_at_least(
-                f"H={heads}: native NoPE vs fa3 fp8 (fa3 fp8 / native)",
-                fp8,
-                native,
-                fp8_x,
-                f">= {fp8_x:g}",
-            )
-        )
-        out.append(
-            _ratio_at_least(
-                f"H={heads}: native NoPE vs native shim (shim / NoPE)",
-                shim,
-                native,
-                shim_x,
-                f">= {shim_x:g}",
-            )
-        )
-    for heads in (16, 64):
-        native = _cell(df, "native", heads, 1, "nope")
-        bf16 = _cell(df, "flashinfer-fa3-bf16", heads, 1, "nope")
-        out.append(
-            _ratio_at_least(
-                f"H={heads}, 1 token: native no slower than fa3 bf16 (fa3 / native)",
-                bf16,
-                native,
-                1.0,
-                ">= 1.00",
-            )
-        )
+    out = [evaluate(df, spec) for spec in specs]
     ran = rows[rows.skipped.isna()] if "skipped" in rows else rows
     failed = int((~ran.passed.fillna(False).astype(bool)).sum()) if "passed" in ran else len(ran)
     out.append(
@@ -151,15 +116,77 @@ def criteria(rows: pd.DataFrame) -> list[Criterion]:
     return out
 
 
-def nope_speedups(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per implementation and case: shim time / NoPE time (> 1: NoPE is faster)."""
+def _deployable(df: pd.DataFrame) -> pd.Series:
+    """Rows of implementations a serving engine runs on the fp8 cache (a serving backend named)."""
+    if "serving_backend" not in df:
+        return pd.Series(False, index=df.index)
+    named = df.serving_backend.fillna("").astype(str).str.strip()
+    return named != ""
+
+
+def _fastest(df: pd.DataFrame, label) -> pd.DataFrame:
+    """Per cell: the fastest row's median ms and a label for it."""
+    if df.empty:
+        return pd.DataFrame(columns=[*CELL_KEYS, "ms", "by"])
+    best = df.loc[df.groupby(CELL_KEYS, sort=False).median_ms.idxmin()]
+    return pd.DataFrame(
+        {
+            **{k: best[k].to_numpy() for k in CELL_KEYS},
+            "ms": best.median_ms.to_numpy(),
+            "by": [label(r) for r in best.itertuples()],
+        }
+    )
+
+
+def nope_answer(rows: pd.DataFrame) -> pd.DataFrame:
+    """How fast NoPE decode is against the shim, per implementation and cell (heads, tokens,
+    width, active), for every NoPE mode that ran:
+
+    - vs_best_shim = fastest shim time of any implementation that ran / this NoPE time: the
+      answer to "how much faster is NoPE than the shim on this GPU";
+    - vs_best_deployable = fastest time of any deployable fp8 path (an implementation a serving
+      engine runs, in any mode; bounds such as a bf16 copy of the cache excluded) / this time;
+    - vs_own_shim = this implementation's own shim time / its NoPE time.
+    Each ratio > 1 means this NoPE time is the faster. Columns best_shim / best_deployable name
+    the implementation (and mode) behind each best time.
+    """
     df = timed(rows)
-    keys = ["impl", "heads", "query_tokens", "width", "active"]
-    nope = df[df["mode"] == "nope"].set_index(keys).median_ms
-    shim = df[df["mode"] == "shim"].set_index(keys).median_ms
-    both = pd.concat({"nope_ms": nope, "shim_ms": shim}, axis=1).dropna()
-    both["nope_speedup"] = both.shim_ms / both.nope_ms
-    return both.reset_index()
+    cols = [
+        "impl",
+        "mode",
+        *CELL_KEYS,
+        "nope_ms",
+        "best_shim_ms",
+        "best_shim",
+        "vs_best_shim",
+        "best_deployable_ms",
+        "best_deployable",
+        "vs_best_deployable",
+        "own_shim_ms",
+        "vs_own_shim",
+    ]
+    nope = df[df["mode"].isin(NOPE_MODES)]
+    if nope.empty:
+        return pd.DataFrame(columns=cols)
+    shim = _fastest(df[df["mode"] == "shim"], lambda r: r.impl)
+    deploy = _fastest(df[_deployable(df)], lambda r: f"{r.impl} {r.mode}")
+    own = df[df["mode"] == "shim"][["impl", *CELL_KEYS, "median_ms"]].rename(
+        columns={"median_ms": "own_shim_ms"}
+    )
+    out = nope[["impl", "mode", *CELL_KEYS, "median_ms"]].rename(columns={"median_ms": "nope_ms"})
+    out = out.merge(
+        shim.rename(columns={"ms": "best_shim_ms", "by": "best_shim"}), on=CELL_KEYS, how="left"
+    )
+    out = out.merge(
+        deploy.rename(columns={"ms": "best_deployable_ms", "by": "best_deployable"}),
+        on=CELL_KEYS,
+        how="left",
+    )
+    out = out.merge(own, on=["impl", *CELL_KEYS], how="left")
+    out["vs_best_shim"] = out.best_shim_ms / out.nope_ms
+    out["vs_best_deployable"] = out.best_deployable_ms / out.nope_ms
+    out["vs_own_shim"] = out.own_shim_ms / out.nope_ms
+    return out[cols].sort_values([*CELL_KEYS, "mode"], kind="stable").reset_index(drop=True)
 
 
 def spread_tolerance(spread: pd.Series, baseline_spread: pd.Series) -> pd.Series:

@@ -6,6 +6,10 @@ seed derives from its id. Modes name what a decode reads:
 - nope-pool: 512-wide queries over 656-byte rows (vLLM's pool layout, tail zero, not read);
 - shim: 576-wide queries with zero RoPE lanes over 656-byte rows with zero tails (the
   zero-padded RoPE workaround NoPE replaces).
+
+A cell is named by (heads, query tokens, width, mode), which is what the command line filters
+by; so a config lists each width once. Acceptance criteria are data too: each compares two
+(implementation, mode) sides at one cell of the grid.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from nopebench import geometry as g
 from nopebench import rowformat
@@ -26,6 +30,7 @@ from nopebench.config import (
     load_model_config,
     resolve_config_path,
 )
+from nopebench.errors import UsageError
 from nopebench.impls.interface import DecodeProblem
 
 Mode = Literal["nope", "nope-pool", "shim"]
@@ -35,6 +40,7 @@ MODE_LAYOUT: dict[str, tuple[int, int]] = {  # mode -> (rope_dim, row_bytes)
     "shim": (g.ROPE_DIM, g.FULL_ROW_BYTES),
 }
 POISON = rowformat.POISON_BYTE
+BENCH_CONFIG_VERSION = 2  # 2: acceptance criteria are the config's `criteria`
 
 
 class WidthSpec(StrictModel):
@@ -60,9 +66,44 @@ class QuickSpec(StrictModel):
     widths: list[WidthSpec] = Field(min_length=1)
     budget_s: float = Field(default=0.1, gt=0)
 
+    @model_validator(mode="after")
+    def _one_entry_per_width(self) -> QuickSpec:
+        _check_widths(self.widths, "quick.widths")
+        return self
+
+
+class Side(StrictModel):
+    """One side of a criterion: an implementation run in a mode."""
+
+    impl: str = Field(min_length=1)
+    mode: Mode
+
+
+class Cell(StrictModel):
+    """One point of the grid."""
+
+    heads: int = Field(gt=0, le=128)
+    tokens: int = Field(gt=0)
+    width: int = Field(gt=0)
+    active: int = Field(ge=0)
+
+    def label(self) -> str:
+        return f"H={self.heads} T={self.tokens} W={self.width} ({self.active} active)"
+
+
+class CriterionSpec(StrictModel):
+    """A speed criterion: baseline's median time / subject's >= min_speedup at `cell` (so 1.0
+    means the subject is at least as fast; 0.8 means it may be up to 1.25x slower)."""
+
+    name: str = Field(min_length=1)
+    subject: Side
+    baseline: Side
+    cell: Cell
+    min_speedup: float = Field(gt=0, allow_inf_nan=False)
+
 
 class BenchConfig(StrictModel):
-    version: Literal[1] = 1
+    version: int = BENCH_CONFIG_VERSION
     name: str
     model: str = "glm53-flash"
     heads: list[int] = Field(min_length=1)
@@ -75,6 +116,17 @@ class BenchConfig(StrictModel):
     check_tokens: int = Field(default=512, ge=1)
     timing: TimingSpec = TimingSpec()
     quick: QuickSpec | None = None
+    criteria: list[CriterionSpec] = []
+
+    @field_validator("version")
+    @classmethod
+    def _known_version(cls, version: int) -> int:
+        if version != BENCH_CONFIG_VERSION:
+            raise ValueError(
+                f"this nopebench reads bench config version {BENCH_CONFIG_VERSION}, which holds "
+                "the acceptance criteria as data (`criteria`); set version: 2 and list them"
+            )
+        return version
 
     @model_validator(mode="after")
     def _positive(self) -> BenchConfig:
@@ -84,7 +136,50 @@ class BenchConfig(StrictModel):
                 raise ValueError(
                     f"{key} must be positive{' and at most 128' if key == 'heads' else ''}, got {bad}"
                 )
+        _check_widths(self.widths, "widths")
         return self
+
+    @model_validator(mode="after")
+    def _criteria_name_cells_of_the_grid(self) -> BenchConfig:
+        from nopebench.impls import registry
+
+        known = registry.names()
+        names: set[str] = set()
+        for i, c in enumerate(self.criteria):
+            where = f"criteria[{i}] {c.name!r}"
+            if c.name in names:
+                raise ValueError(f"{where}: another criterion has this name")
+            names.add(c.name)
+            for role, side in (("subject", c.subject), ("baseline", c.baseline)):
+                if side.impl not in known:
+                    raise ValueError(
+                        f"{where}: {role} impl {side.impl!r} is not an implementation "
+                        f"(choose from {', '.join(known)})"
+                    )
+                if side.mode not in self.modes:
+                    raise ValueError(
+                        f"{where}: {role} mode {side.mode!r} is not one of the config's modes "
+                        f"({', '.join(self.modes)})"
+                    )
+            widths = {(w.width, w.active) for w in self.widths}
+            cell = c.cell
+            if (
+                cell.heads not in self.heads
+                or cell.tokens not in self.query_tokens
+                or (cell.width, cell.active) not in widths
+            ):
+                raise ValueError(f"{where}: cell {cell.label()} is not in the config's grid")
+        return self
+
+
+def _check_widths(widths: list[WidthSpec], key: str) -> None:
+    seen = [w.width for w in widths]
+    twice = sorted({w for w in seen if seen.count(w) > 1})
+    if twice:
+        raise ValueError(
+            f"{key} lists width {twice[0]} more than once: a cell is named by its width, so "
+            "each width appears once"
+        )
 
 
 def load_bench_config(value: str) -> BenchConfig:
@@ -144,6 +239,38 @@ def grid(cfg: BenchConfig, quick: bool) -> list[DecodeCase]:
         for w in widths
         for h in heads
         for t in tokens
+    ]
+
+
+def select_cases(
+    cases: list[DecodeCase],
+    heads: tuple[int, ...] = (),
+    tokens: tuple[int, ...] = (),
+    widths: tuple[int, ...] = (),
+    modes: tuple[str, ...] = (),
+    grid_name: str = "the grid",
+) -> list[DecodeCase]:
+    """The cases matching every filter given (an empty filter keeps every case). A value no
+    case has is a UsageError naming the flag, the value and what the grid holds: the grid is a
+    product, so every combination of values that exist has its case."""
+    filters = (
+        ("--heads", heads, "heads"),
+        ("--tokens", tokens, "query_tokens"),
+        ("--width", widths, "width"),
+        ("--mode", modes, "mode"),
+    )
+    for flag, values, attr in filters:
+        have = list(dict.fromkeys(getattr(c, attr) for c in cases))
+        missing = [v for v in values if v not in have]
+        if missing:
+            raise UsageError(
+                f"{flag} {missing[0]} matches no case of {grid_name} "
+                f"(its {attr.replace('_', ' ')}: {', '.join(map(str, have))})"
+            )
+    return [
+        c
+        for c in cases
+        if all(not values or getattr(c, attr) in values for _, values, attr in filters)
     ]
 
 

@@ -3,7 +3,9 @@
 One result row per (case, implementation); a refusal or a failure is a row with `skipped` or
 `error` set, never a crash. An implementation is timed only after its output matched the
 reference in the same run: it runs once, its outputs are poisoned with NaN, it runs again, and
-that second output is compared (so an element it never writes cannot pass).
+that second output is compared (so an element it never writes cannot pass). Each is held to its
+own accuracy class (ImplSpec.tolerance: strict for the harness's kernels, the measured class of
+a peer such as FlashInfer fa3 or FlashMLA); the row records which class was applied.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from nopebench.bench.decode_cases import BenchConfig, DecodeCase, build_cache, m
 from nopebench.bench.timing import Ceilings, rotation_count, time_gpu
 from nopebench.config import ModelConfig
 from nopebench.impls import registry as impl_registry
-from nopebench.impls.interface import DecodeOutput, ImplSpec
+from nopebench.impls.interface import STRICT, DecodeOutput, ImplSpec, Tolerance
 from nopebench.impls.reference import sparse_decode_reference
 
 LSE_ABS_TOL = 1e-3  # natural-log LSE of fp32 softmax sums: rounding is far below this
@@ -34,9 +36,15 @@ def roofline_ms(case: DecodeCase, ceil: Ceilings) -> float:
 
 
 def check_output(
-    run: Callable[[], DecodeOutput], ref_out: torch.Tensor, ref_lse: torch.Tensor, tokens: int
+    run: Callable[[], DecodeOutput],
+    ref_out: torch.Tensor,
+    ref_lse: torch.Tensor,
+    tokens: int,
+    tolerance: Tolerance = STRICT,
 ) -> dict:
-    """Run, poison the outputs with NaN, run again, compare the first `tokens` query tokens."""
+    """Run, poison the outputs with NaN, run again, compare the first `tokens` query tokens
+    with the reference under `tolerance` (and the natural-log LSE, when there is one).
+    `passed_strict` says whether the output also met the strict class."""
     first = run()
     first.out.fill_(math.nan)
     if first.lse is not None:
@@ -44,9 +52,11 @@ def check_output(
     res = run()
     if res.out.is_cuda:
         torch.cuda.synchronize()
-    cmp = compare.close(res.out[:tokens], ref_out)
+    cmp = compare.close(res.out[:tokens], ref_out, **tolerance.kwargs())
+    strict = cmp if tolerance == STRICT else compare.close(res.out[:tokens], ref_out)
     row = {
         "passed": cmp.passed,
+        "passed_strict": strict.passed,  # the output rule alone, for a peer held to its own class
         "max_abs_err": cmp.max_abs_err,
         "mismatch_fraction": cmp.mismatch_fraction,
         "cos_diff": cmp.cos_diff,
@@ -63,6 +73,21 @@ def check_output(
             row["passed"] = False
             row["check_detail"] += f"; lse error {lse_err:.3g} (limit {LSE_ABS_TOL:g})"
     return row
+
+
+def describe(spec: ImplSpec) -> dict:
+    """The columns every row of an implementation carries: what it stands for, the accuracy
+    class it is held to, and the library (and version) behind it."""
+    library, version = spec.library()
+    return {
+        "impl": spec.name,
+        "serving_backend": spec.serving_backend,
+        "deployable": spec.deployable,
+        "accuracy_class": spec.tolerance.name,
+        "accuracy_rule": spec.tolerance.rule(),
+        "library": library,
+        "library_version": version,
+    }
 
 
 def run_case(
@@ -99,9 +124,9 @@ def run_case(
     )
     rows = []
     for name in impls:
-        row = {**base, "impl": name, "skipped": None, "error": None}
-        rows.append(row)
         spec = registry[name]
+        row = {**base, **describe(spec), "skipped": None, "error": None}
+        rows.append(row)
         reason = spec.unsupported(problem0)
         if reason is None and name == "reference" and case.query_tokens > cfg.reference_max_tokens:
             reason = f"reference is timed up to {cfg.reference_max_tokens} query tokens (config reference_max_tokens)"
@@ -113,7 +138,7 @@ def run_case(
                 impl_registry.prepare(p, name, registry)
                 for p in (problems if name != "reference" else problems[:1])
             ]
-            row.update(check_output(runs[0], ref_out, ref_lse, check_tokens))
+            row.update(check_output(runs[0], ref_out, ref_lse, check_tokens, spec.tolerance))
             if not row["passed"]:
                 row["error"] = f"correctness check failed: {row['check_detail']}"
                 continue

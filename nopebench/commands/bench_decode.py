@@ -1,16 +1,27 @@
-"""`nopebench bench-decode`: check and time the grid, write records, print the tables."""
+"""`nopebench bench-decode`: check and time the grid, write records, print the tables.
+
+Every results row carries where it ran (run id, GPU, SM, git sha), the library behind its
+implementation, and `repro`: the command that runs that one cell again.
+"""
 
 from __future__ import annotations
 
 import math
+import shlex
 from pathlib import Path
 
 import pandas as pd
-import torch
 
 from nopebench import console as out
+from nopebench import environment
 from nopebench.bench import acceptance
-from nopebench.bench.decode_cases import BenchConfig, grid, load_bench_config, model_for
+from nopebench.bench.decode_cases import (
+    BenchConfig,
+    grid,
+    load_bench_config,
+    model_for,
+    select_cases,
+)
 from nopebench.bench.decode_runner import run_grid
 from nopebench.bench.run_compare import read_results
 from nopebench.bench.timing import measure_ceilings
@@ -39,6 +50,41 @@ def read_baseline(path: Path | None) -> pd.DataFrame | None:
     return read_results(path, "--baseline", required, "a bench-decode results.csv")
 
 
+def repro_command(opts: BenchDecodeOptions, row: dict) -> str:
+    """The command that runs exactly this row's cell again: same config, model and grid
+    (full or quick), this implementation, and the four filters that name the cell."""
+    args = ["nopebench", "bench-decode", "--config", opts.config]
+    if opts.model is not None:
+        args += ["--model", opts.model]
+    if opts.quick:
+        args.append("--quick")
+    args += [
+        "--impl",
+        str(row["impl"]),
+        "--heads",
+        str(row["heads"]),
+        "--tokens",
+        str(row["query_tokens"]),
+        "--width",
+        str(row["width"]),
+        "--mode",
+        str(row["mode"]),
+    ]
+    return shlex.join(args)
+
+
+def provenance(run: RunDir) -> dict:
+    """The columns that say where a row was measured."""
+    h = run.header
+    return {
+        "run_id": run.run_id,
+        "gpu": h.get("gpu"),
+        "sm": h.get("sm"),
+        "git_sha": h.get("git_sha"),
+        "git_dirty": h.get("git_dirty"),
+    }
+
+
 def execute(opts: BenchDecodeOptions) -> int:
     cfg = load_bench_config(opts.config)
     if opts.model is not None:
@@ -46,14 +92,21 @@ def execute(opts: BenchDecodeOptions) -> int:
     model = model_for(cfg)
     impls = resolve_impls(cfg, opts.impls)
     base = read_baseline(opts.baseline)
-    quick = opts.quick
-    if not torch.cuda.is_available():
+    quick = opts.quick and cfg.quick is not None
+    cases = select_cases(
+        grid(cfg, quick),
+        opts.heads,
+        opts.tokens,
+        opts.widths,
+        opts.modes,
+        grid_name=f"{cfg.name}'s quick grid" if quick else cfg.name,
+    )
+    if environment.gpu_info().get("gpu") is None:
         raise UnsupportedError(
             "bench-decode times GPU kernels and needs a CUDA GPU; none is visible "
             "(check-pagetable runs the decode checks on CPU)"
         )
-    cases = grid(cfg, quick)
-    budget = cfg.quick.budget_s if quick and cfg.quick else cfg.timing.budget_s
+    budget = cfg.quick.budget_s if quick else cfg.timing.budget_s
     run = RunDir.create("bench-decode", opts.output.results_dir)
     out.console.print("measuring device ceilings (copy bandwidth, bf16 matmul)...")
     ceil = measure_ceilings()
@@ -67,17 +120,27 @@ def execute(opts: BenchDecodeOptions) -> int:
 
         rows = run_grid(cfg, model, cases, impls, ceil, budget, progress=step)
         clocks.sample("end")
+    where = provenance(run)
+    rows = [{**r, **where, "repro": repro_command(opts, r)} for r in rows]
     df = pd.DataFrame(rows)
     if base is not None:
         df = acceptance.mark_regressions(df, base)
-    crit = acceptance.criteria(df)
-    speedups = acceptance.nope_speedups(df)
+    crit = acceptance.criteria(df, cfg.criteria)
+    answer = acceptance.nope_answer(df)
     write_csv(run.file("results.csv"), df.to_dict("records"))
-    write_csv(run.file("nope_speedup.csv"), speedups.to_dict("records"))
+    write_csv(run.file("nope_vs_shim.csv"), answer.to_dict("records"))
+    write_csv(run.file("criteria.csv"), [c.as_row() for c in crit])
     summary = {
         "config": cfg.model_dump(),
         "quick": quick,
         "impls": impls,
+        "filters": {
+            "heads": list(opts.heads),
+            "tokens": list(opts.tokens),
+            "width": list(opts.widths),
+            "mode": list(opts.modes),
+        },
+        "cases": len(cases),
         "ceilings": ceil.as_row(),
         "criteria": [c.as_row() for c in crit],
         "all_checks_passed": bool(crit[-1].passed),
@@ -88,7 +151,7 @@ def execute(opts: BenchDecodeOptions) -> int:
     plots = decode_plots(df, run.path)
     failed = not crit[-1].passed or bool(summary["regressions"])
     run.finish("failed" if failed else "passed", {**summary, "plots": [p.name for p in plots]})
-    print_tables(df, crit, speedups, ceil.as_row())
+    print_tables(df, crit, answer, ceil.as_row())
     if warning := clock_warning(summary["sm_clock"]):
         out.err_console.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
     out.console.print(f"results: {run.path}")
@@ -103,11 +166,85 @@ def _ms(value: float | None) -> str:
     )
 
 
+def _x(value: float | None) -> str:
+    return "-" if value is None or pd.isna(value) else f"{value:.2f}x"
+
+
+def _text(value: object) -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
+
+
+def peers_rows(df: pd.DataFrame) -> list[list[str]]:
+    """One row per implementation: the serving backend it stands for ('none' where no engine
+    runs it), whether a server can deploy it, the accuracy class it was held to, its library."""
+    cols = ["impl", "serving_backend", "deployable", "accuracy_class", "library", "library_version"]
+    first = df.drop_duplicates("impl").reindex(columns=cols)
+    rows = []
+    for r in first.itertuples():
+        backend = _text(r.serving_backend)
+        rows.append(
+            [
+                r.impl,
+                "none" if backend == "-" else backend,
+                _text(r.deployable),
+                _text(r.accuracy_class),
+                f"{_text(r.library)} {_text(r.library_version)}",
+            ]
+        )
+    return rows
+
+
+def answer_rows(answer: pd.DataFrame) -> list[list[object]]:
+    return [
+        [
+            r.impl,
+            r.mode,
+            r.heads,
+            r.query_tokens,
+            r.width,
+            _ms(r.nope_ms),
+            f"{_ms(r.best_shim_ms)} ({_text(r.best_shim)})",
+            _x(r.vs_best_shim),
+            f"{_ms(r.best_deployable_ms)} ({_text(r.best_deployable)})",
+            _x(r.vs_best_deployable),
+            _x(r.vs_own_shim),
+        ]
+        for r in answer.itertuples()
+    ]
+
+
+ANSWER_COLUMNS = [
+    "impl",
+    "mode",
+    "heads",
+    "tokens",
+    "width",
+    "NoPE ms",
+    "best shim ms (impl)",
+    "vs best shim",
+    "best deployable fp8 ms (impl mode)",
+    "vs best deployable",
+    "vs own shim",
+]
+ANSWER_NOTE = (
+    "vs X = X's time / this NoPE time (> 1: NoPE is faster). best shim: over every "
+    "implementation that ran; best deployable: over the implementations a serving engine runs "
+    "on the fp8 cache, in any mode (bounds such as fa3 over a bf16 copy excluded)."
+)
+
+
 def print_tables(
-    df: pd.DataFrame, crit: list[acceptance.Criterion], speedups: pd.DataFrame, ceil: dict
+    df: pd.DataFrame, crit: list[acceptance.Criterion], answer: pd.DataFrame, ceil: dict
 ) -> None:
     out.console.print(
         f"ceilings: copy {ceil['copy_gbps']:.0f} GB/s, bf16 matmul {ceil['matmul_tflops']:.0f} TFLOP/s"
+    )
+    out.console.print(
+        out.table(
+            "implementations",
+            ["impl", "serving backend", "deployable", "accuracy class", "library"],
+            peers_rows(df),
+        )
     )
     impls = list(dict.fromkeys(df.impl))
     rows = []
@@ -131,33 +268,19 @@ def print_tables(
     errors = df[df.error.notna()] if "error" in df else df.iloc[0:0]
     for _, r in errors.head(10).iterrows():
         out.console.print(f"[red]{r.case} {r.impl}: {r.error}[/]", highlight=False)
-    if not speedups.empty:
-        sp = speedups[speedups.impl == "native"] if (speedups.impl == "native").any() else speedups
+    if not answer.empty:
         out.console.print(
-            out.table(
-                "NoPE speed-up over the zero-padded shim (shim ms / NoPE ms)",
-                ["impl", "heads", "tokens", "width", "NoPE ms", "shim ms", "speed-up"],
-                [
-                    [
-                        r.impl,
-                        r.heads,
-                        r.query_tokens,
-                        r.width,
-                        _ms(r.nope_ms),
-                        _ms(r.shim_ms),
-                        f"{r.nope_speedup:.3f}x",
-                    ]
-                    for r in sp.itertuples()
-                ],
-            )
+            out.table("NoPE against the shim, median ms", ANSWER_COLUMNS, answer_rows(answer))
         )
+        out.console.print(f"[dim]{ANSWER_NOTE}[/]", highlight=False)
     out.console.print(
         out.table(
-            "issue 5 acceptance (512 tokens, width 2176, 2051 active)",
-            ["criterion", "measured", "spread", "target", "result"],
+            "acceptance criteria (the bench config's)",
+            ["criterion", "cell", "measured", "spread", "target", "result"],
             [
                 [
                     c.name,
+                    c.cell or "every case",
                     c.measured,
                     acceptance.spread_band(c),
                     c.target,

@@ -59,6 +59,11 @@ class BenchDecodeOptions:
     quick: bool = False
     baseline: Path | None = None
     output: Output = Output()
+    # Case filters over the config's grid; each empty tuple keeps every value.
+    heads: tuple[int, ...] = ()
+    tokens: tuple[int, ...] = ()
+    widths: tuple[int, ...] = ()
+    modes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -30,13 +30,12 @@ from __future__ import annotations
 
 import functools
 import math
-import weakref
 
 import torch
 
+from nopebench import environment, rowformat
 from nopebench import geometry as g
-from nopebench import rowformat
-from nopebench.impls import metadata
+from nopebench.impls import memo, metadata
 from nopebench.impls.interface import (
     DecodeOutput,
     DecodeProblem,
@@ -152,23 +151,9 @@ def trtllm_unsupported(problem: DecodeProblem) -> str | None:
     return None
 
 
-_CONVERTED: dict[int, dict] = {}
-
-
 def _memo_by_cache(kind: str, problem: DecodeProblem, build):
-    """Convert a cache once per cache tensor, contents version and layout: a benchmark prepares
-    many problems (rotating index sets) over one cache, and a second 1 GB copy per problem
-    would be waste. Entries belong to the tensor object and die with it (never keyed by its
-    address: a freed cache's address is reused by the next one, whose contents differ)."""
-    c = problem.cache
-    entry = _CONVERTED.get(id(c))
-    if entry is None or entry["tensor"]() is not c:
-        entry = _CONVERTED[id(c)] = {"tensor": weakref.ref(c), "items": {}}
-        weakref.finalize(c, _CONVERTED.pop, id(c), None)
-    key = (kind, c._version, problem.rope_dim)
-    if key not in entry["items"]:
-        entry["items"] = {key: build()}  # older versions of this cache are stale
-    return entry["items"][key]
+    """Convert a cache once per cache tensor (memo.memo_by_cache)."""
+    return memo.memo_by_cache(kind, problem.cache, problem.rope_dim, build)
 
 
 def _dequantized_cache(problem: DecodeProblem) -> tuple[torch.Tensor, torch.Tensor]:
@@ -334,17 +319,26 @@ def fa3_fp8_prepare(problem: DecodeProblem) -> DecodeRun:
     return _fa3_prepare(problem, fp8=True)
 
 
-# FlashInfer's fa3 MLA, measured on the H200 (results/reference/h200-run/: gpu_tests_d633e62_fa3_outlier.log,
-# sparse_gpu_tests_before_tolerance_class.log):
-# cosine difference 4.4e-6 to 5.3e-6 from the reference, about 1 element in 30,000 beyond 2 bf16
-# ulps, and on the 16-token adapter test 1 element in 131,072 (0.0008%) beyond 4, on FlashMLA's
-# test distribution, where the native kernel stays under 2e-6 with none. Its semantic checks use
-# this class: 4 ulps, at most 0.01% of elements outside, cosine 2e-5. Dropping the 3 kpool
-# entries of a 2051-entry row (the bug they exist for) moves the cosine by ~1.5e-4 and 12% of
-# elements past 4 ulps, far outside it (tests/test_adapter_memo.py).
+# FlashInfer's fa3 MLA, measured on the H200 (results/reference/h200-run/:
+# gpu_tests_d633e62_fa3_outlier.log, sparse_gpu_tests_before_tolerance_class.log): cosine
+# difference 4.4e-6 to 5.3e-6 from the reference, about 1 element in 30,000 beyond 2 bf16 ulps,
+# and on the 16-token adapter test 1 element in 131,072 (0.0008%) beyond 4, on FlashMLA's test
+# distribution, where the native kernel stays under 2e-6 with none. check-pagetable and
+# bench-decode hold it to this class: 4 ulps, at most 0.01% of elements outside, cosine 2e-5.
+# Dropping the 3 kpool entries of a 2051-entry row (the bug they exist for) moves the cosine by
+# ~1.5e-4 and 12% of elements past 4 ulps, far outside it (tests/test_adapter_memo.py).
 FA3_TOLERANCE = Tolerance(
-    1e-3, 4 / 128, 2e-5, "FlashInfer fa3's measured accuracy class (H200)", max_mismatch=1e-4
+    1e-3,
+    4 / 128,
+    2e-5,
+    "FlashInfer fa3's measured accuracy class (H200)",
+    max_mismatch=1e-4,
+    name="flashinfer-fa3",
 )
+
+
+def flashinfer_library() -> tuple[str, str | None]:
+    return "flashinfer-python", environment.package_version("flashinfer-python")
 
 
 def flashinfer_specs() -> list[ImplSpec]:
@@ -355,12 +349,17 @@ def flashinfer_specs() -> list[ImplSpec]:
             "FlashInfer sparse MLA, SM120/121 (GLM53_NOPE / GLM_NSA), packed fp8 cache",
             sm120_unsupported,
             sm120_prepare,
+            serving_backend="vLLM FLASHINFER_MLA_SPARSE_SM120",
+            deployable="yes: the packed fp8 cache as vLLM writes it",
+            library=flashinfer_library,
         ),
         ImplSpec(
             "flashinfer-trtllm",
             "FlashInfer trtllm-gen sparse MLA, SM100/103, bf16 cache (native NoPE with top-k lens)",
             trtllm_unsupported,
             trtllm_prepare,
+            deployable="no: a bound; reads a bf16 copy of the cache, twice its size",
+            library=flashinfer_library,
         ),
         ImplSpec(
             "flashinfer-fa3-bf16",
@@ -368,6 +367,8 @@ def flashinfer_specs() -> list[ImplSpec]:
             fa3_bf16_unsupported,
             fa3_bf16_prepare,
             FA3_TOLERANCE,
+            deployable="no: a bound; needs a second, bf16 cache twice the fp8 cache's size",
+            library=flashinfer_library,
         ),
         ImplSpec(
             "flashinfer-fa3-fp8",
@@ -375,5 +376,9 @@ def flashinfer_specs() -> list[ImplSpec]:
             fa3_fp8_unsupported,
             fa3_fp8_prepare,
             FA3_TOLERANCE,
+            serving_backend="vLLM FLASHINFER_MLA_SPARSE_SM90 (its kernel)",
+            deployable="yes: what vLLM runs for NoPE on Hopper; vLLM feeds it a 512-byte fp8 "
+            "row with one per-tensor scale, this harness the packed rows' per-tile scales",
+            library=flashinfer_library,
         ),
     ]

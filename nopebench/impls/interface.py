@@ -63,13 +63,17 @@ DecodeRun = Callable[[], DecodeOutput]
 
 @dataclass(frozen=True)
 class Tolerance:
-    """How close an implementation's output must be to the reference (compare.close's rule)."""
+    """How close an implementation's output must be to the reference (compare.close's rule).
+
+    `name` labels the class in result rows; `why` says where its numbers come from.
+    """
 
     abs_tol: float
     rel_tol: float
     cos_tol: float
     why: str
     max_mismatch: float = 0.0  # fraction of elements allowed outside the element rule
+    name: str = "strict"
 
     def kwargs(self) -> dict:
         return {
@@ -79,19 +83,33 @@ class Tolerance:
             "max_mismatch": self.max_mismatch,
         }
 
+    def rule(self) -> str:
+        """The class in one line, for records: 'abs 0.001 / rel 0.0156, cos < 5e-06, 0% outside'."""
+        return (
+            f"abs {self.abs_tol:g} / rel {self.rel_tol:.3g}, cos < {self.cos_tol:g}, "
+            f"{self.max_mismatch:.4%} outside"
+        )
+
 
 # FlashMLA's rule (compare.py explains each number): the bar for the harness's own kernels.
 STRICT = Tolerance(ABS_TOL, REL_TOL, COS_DIFF_TOL, "FlashMLA's sparse-decode rule")
 
 
+def torch_library() -> tuple[str, str | None]:
+    return "torch", environment.package_version("torch")
+
+
 @dataclass(frozen=True)
 class ImplSpec:
-    """A registry entry: name, which devices it runs on, and the adapter factory.
+    """A registry entry: name, which devices it runs on, the adapter factory, and what it is.
 
     `unsupported(problem)` returns None when this machine can run the implementation on the
     problem, else one line naming the GPU and what the implementation needs.
-    `prepare(problem)` returns the DecodeRun closure. `tolerance` is the accuracy class that
-    semantic checks (check-pagetable) hold it to; bench-decode holds every kernel to STRICT.
+    `prepare(problem)` returns the DecodeRun closure. `tolerance` is its accuracy class: the
+    rule check-pagetable and bench-decode hold its output to against the reference.
+    `serving_backend` names the serving-engine backend that runs this kernel (None: no engine
+    runs it as measured here); `deployable` says in a few words why it is or is not a path a
+    server can take. `library()` gives (package, version) of the code behind the kernel.
     """
 
     name: str
@@ -99,6 +117,14 @@ class ImplSpec:
     unsupported: Callable[[DecodeProblem], str | None]
     prepare: Callable[[DecodeProblem], DecodeRun]
     tolerance: Tolerance = STRICT
+    serving_backend: str | None = None
+    deployable: str = ""
+    library: Callable[[], tuple[str, str | None]] = torch_library
+
+    @property
+    def is_deployable(self) -> bool:
+        """A serving engine runs this kernel on the fp8 cache as measured here."""
+        return self.serving_backend is not None
 
 
 def gpu_refusal(impl: str, sms: Iterable[int], need: str) -> str | None:

@@ -116,4 +116,5 @@ def reference_spec() -> ImplSpec:
         description="torch reference over the dequantized cache (fp32 accumulation; CPU or GPU)",
         unsupported=lambda problem: None,
         prepare=_reference_prepare,
+        deployable="no: the reference every kernel is checked against",
     )

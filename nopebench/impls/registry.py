@@ -4,21 +4,26 @@ Every consumer (check-pagetable, bench-decode, the CLI's choices, table columns)
 of implementations from `implementations()`; nothing routes by name with if/elif chains. An
 entry that this machine cannot run stays listed and says why in one line (`unsupported`), so
 tables can show it as refused rather than silently missing. Every adapter module is imported
-here directly; each defers its heavy imports (Triton, FlashInfer) to the moment it runs.
+here directly; each defers its heavy imports (Triton, FlashInfer, FlashMLA) to the moment it runs.
 """
 
 from __future__ import annotations
 
 from nopebench import signatures
 from nopebench.errors import UnsupportedError, UsageError
-from nopebench.impls import flashinfer, reference
+from nopebench.impls import flashinfer, flashmla, reference
 from nopebench.impls.interface import DecodeOutput, DecodeProblem, DecodeRun, ImplSpec
 from nopebench.impls.native import adapter as native
 
 
 def implementations() -> dict[str, ImplSpec]:
     """Every implementation the harness knows, in display order, keyed by name."""
-    specs = [reference.reference_spec(), native.native_spec(), *flashinfer.flashinfer_specs()]
+    specs = [
+        reference.reference_spec(),
+        native.native_spec(),
+        flashmla.flashmla_spec(),
+        *flashinfer.flashinfer_specs(),
+    ]
     return {spec.name: spec for spec in specs}
 
 

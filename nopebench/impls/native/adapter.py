@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from nopebench import environment
 from nopebench import geometry as g
 from nopebench.impls.interface import DecodeOutput, DecodeProblem, DecodeRun, ImplSpec
 from nopebench.impls.native.constants import WIDE_BLOCK_H, WS_MAX_BLOCK_H
@@ -248,4 +249,10 @@ def native_spec() -> ImplSpec:
         "fp8 rows read in place, dequantized on chip",
         unsupported=_unsupported,
         prepare=_prepare,
+        deployable="no: this project's kernels; no serving engine runs them",
+        library=triton_library,
     )
+
+
+def triton_library() -> tuple[str, str | None]:
+    return "triton", environment.package_version("triton")
