@@ -74,6 +74,8 @@ class Tolerance:
     why: str
     max_mismatch: float = 0.0  # fraction of elements allowed outside the element rule
     name: str = "strict"
+    # natural-log LSE, absolute: fp32 softmax sums round far below this
+    lse_abs_tol: float = 1e-3
 
     def kwargs(self) -> dict:
         return {
