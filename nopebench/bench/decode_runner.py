@@ -26,7 +26,6 @@ from nopebench.impls.interface import STRICT, DecodeOutput, ImplSpec, Tolerance
 from nopebench.impls.reference import sparse_decode_reference
 
 
-
 def roofline_ms(case: DecodeCase, ceil: Ceilings) -> float:
     """The larger of bytes / copy bandwidth and FLOPs / matmul rate: no kernel beats it."""
     return (
