@@ -20,8 +20,13 @@ hang, so a client can be killed part-way at a known point with nothing in flight
 requests. `crash_after=N` (script mode) prints a known NoPE crash signature and exits after N
 answers, like a server whose kernel rejected a call.
 
+It also serves `/metrics` with vLLM's finished-request counter (`vllm:request_success_total`,
+finish reason `stop`) counting its answers, unless `metrics=False`.
+
 Run as a script (`python tests/fake_openai_server.py --port P --data DIR`) it serves the
 dataset in DIR answering every question correctly: the child that launch-mode tests start.
+`--say LINE` (repeatable) prints LINE to its output first, e.g. a crafted vLLM log line, and
+`--attention-backend NAME` is accepted as vLLM accepts it and printed as received.
 """
 
 from __future__ import annotations
@@ -104,6 +109,7 @@ class FakeOpenAIServer:
         model: str = "fake-model",
         hang_after: int | None = None,
         crash_after: int | None = None,
+        metrics: bool = True,
     ) -> None:
         self.answers = {p.question: p.answer for p in problems}
         self.scripts = {q: list(s) for q, s in (scripts or {}).items()}
@@ -113,6 +119,8 @@ class FakeOpenAIServer:
         self.model = model
         self.hang_after = hang_after
         self.crash_after = crash_after
+        self.metrics = metrics
+        self.log_requests = False  # print each request's question (the launched child's log)
         self._reserved = 0  # answers promised so far (decided on receipt, for hang_after)
         self.received: Counter[str] = Counter()
         self.answered: Counter[str] = Counter()
@@ -137,6 +145,8 @@ class FakeOpenAIServer:
         app = web.Application()
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
+        if self.metrics:
+            app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/v1/completions", self._generate)
         app.router.add_post("/v1/chat/completions", self._generate)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
@@ -187,6 +197,13 @@ class FakeOpenAIServer:
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model"}]})
 
+    async def _metrics(self, request: web.Request) -> web.Response:
+        labels = f'engine="0",model_name="{self.model}"'
+        text = "".join(
+            f'vllm:request_success_total{{{labels},finished_reason="{reason}"}} {float(value)}\n'
+            for reason, value in (("stop", self.answered_total()), ("length", 0), ("abort", 0)))
+        return web.Response(text="# TYPE vllm:request_success_total counter\n" + text)
+
     async def _hang(self, request: web.Request) -> web.Response:
         await self._stop.wait()
         request.transport and request.transport.close()
@@ -195,6 +212,8 @@ class FakeOpenAIServer:
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         payload = await request.json()
         question = question_of(payload)
+        if self.log_requests:
+            print(f"request for: {question[:60]}", flush=True)
         with self._lock:
             self.payloads.append(payload)
             attempt = self.received[question]
@@ -253,8 +272,16 @@ def main() -> None:
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--model", default="fake-model")
     parser.add_argument("--crash-after", type=int, default=None)
+    parser.add_argument("--say", action="append", default=[], help="a line to print first")
+    parser.add_argument("--attention-backend", default=None)
     args = parser.parse_args()
-    server = FakeOpenAIServer(read_dataset(args.data), model=args.model, crash_after=args.crash_after).start(args.port)
+    for line in args.say:
+        print(line, flush=True)
+    if args.attention_backend is not None:
+        print(f"attention backend argument: {args.attention_backend}", flush=True)
+    server = FakeOpenAIServer(read_dataset(args.data), model=args.model, crash_after=args.crash_after)
+    server.log_requests = True
+    server.start(args.port)
     print(f"serving {args.model} on {server.base_url}", flush=True)
     threading.Event().wait()  # until killed
 

@@ -1,22 +1,18 @@
 """The issue's acceptance check: a loopback server that answers a known fraction of the
 1319-problem test set correctly gets exactly that strict-match back, at concurrency 32.
 
-Uses the real GSM8K files (../shared/data/gsm8k, see CONTEXT.md section 6) when this checkout
-has them, otherwise 1319 generated problems of the same format."""
+Uses the real GSM8K test set, the copy shipped in the package."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from fake_openai_server import FakeOpenAIServer, read_dataset, write_dataset
+from fake_openai_server import FakeOpenAIServer, read_dataset
 from gsm8k_helpers import isolate_hf_cache, only_run, read_json, write_config
 
-from nopebench.config import REPO_ROOT
 from nopebench.errors import EXIT_OK
 from nopebench.gsm8k.command import gsm8k_command
+from nopebench.gsm8k.config import BUNDLED_DATA
 
-REAL_DATA = REPO_ROOT.parent / "shared" / "data" / "gsm8k"
 N_TEST = 1319
 
 
@@ -25,16 +21,9 @@ def _hf_cache(monkeypatch, tmp_path_factory):
     isolate_hf_cache(monkeypatch, tmp_path_factory.mktemp("hf"))
 
 
-def _data(tmp_path: Path) -> Path:
-    if (REAL_DATA / "test.jsonl").is_file() and (REAL_DATA / "train.jsonl").is_file():
-        return REAL_DATA
-    write_dataset(tmp_path / "data", n_test=N_TEST, n_train=200)
-    return tmp_path / "data"
-
-
 @pytest.mark.slow
 def test_known_fraction_of_1319_gives_exactly_that_strict_match(tmp_path):
-    data = _data(tmp_path)
+    data = BUNDLED_DATA
     problems = read_dataset(data)
     assert len(problems) == N_TEST
     # Every 7th problem wrong ('#### N' with a digit appended), every 11th of the rest without

@@ -5,21 +5,29 @@ a given server that is down, a dataset that cannot be loaded) fails in one line 
 and writes nothing. From then on the run has a directory; a failure there is recorded in its
 run.json with the command that resumes it. The exit code is 0 when strict-match reaches the
 config's threshold and 1 below it.
+
+A config with `attention_backend` is also exit 1 when the server's log does not show vLLM
+selecting that backend: checked once the server is ready and before the first question, so
+such a run asks nothing (see `backend`). Around the evaluation the server's own request
+counters are read (vLLM's /metrics), and run.json records what the server says it answered.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from nopebench import console as out
 from nopebench.config import resolve_config_path
 from nopebench.errors import EXIT_CHECK_FAILED, EXIT_OK, UsageError
+from nopebench.gsm8k.backend import BackendCheckFailed, check_backend
 from nopebench.gsm8k.config import Gsm8kConfig, load_gsm8k_config
 from nopebench.gsm8k.data import (
     TASK_NAME,
@@ -39,11 +47,19 @@ from nopebench.gsm8k.resume import (
     resume_command,
     save_config,
 )
-from nopebench.gsm8k.server import LaunchedServer, check_port_free, check_server, launched_server
+from nopebench.gsm8k.server import (
+    LaunchedServer,
+    answered_between,
+    check_port_free,
+    check_server,
+    launched_server,
+    request_counts,
+)
 from nopebench.gsm8k.summary import print_summary, sample_rows, summarize, to_jsonable, write_jsonl
 from nopebench.records import RunDir, write_json
 
 SERVER_LOG = "server.log"
+SERVER_RECORD = "server.json"
 
 
 def gsm8k_command(config: str, base_url: str | None, limit: int | None, data: Path | None,
@@ -55,7 +71,13 @@ def gsm8k_command(config: str, base_url: str | None, limit: int | None, data: Pa
             total = min(problem_count(task), cfg.limit or problem_count(task))
             run = _start_run(cfg, local, config, resume, previous, results_dir)
             hint = resume_command(config, base_url, limit, data, results_dir, run.path)
-            outcome = _evaluate_recorded(cfg, task, manager, total, run, hint, added_env)
+            try:
+                outcome = _evaluate_recorded(cfg, task, manager, total, run, hint, added_env)
+            except BackendCheckFailed as exc:
+                run.finish("failed", {"error": exc.message, "attention_backend": exc.record,
+                                      "asked": 0, "total": total})
+                out.error_line(exc.message)
+                return EXIT_CHECK_FAILED
         return _record(cfg, run, outcome, local)
 
 
@@ -63,9 +85,14 @@ def _preflight(config: str, base_url: str | None, limit: int | None, data: Path 
                resume: Path | None) -> tuple[Gsm8kConfig, LocalData | None, Path | None]:
     """Every check that needs no run directory: a failure here writes nothing."""
     cfg = load_gsm8k_config(config, base_url, limit, data)
-    local = check_local_data(cfg.data.dir) if cfg.data.dir is not None else None
+    local_dir = cfg.data.local_dir()
+    local = check_local_data(local_dir) if local_dir is not None else None
     previous = previous_cache(resume, cfg) if resume is not None else None
     if cfg.server.launch is None:
+        log_file = cfg.server.log_file
+        if cfg.attention_backend is not None and not Path(log_file).is_file():
+            raise UsageError(f"server.log_file {log_file}: no such file (the given server's log, "
+                             f"read for its attention backend)")
         check_server(cfg.server.base_url, cfg.model)
     else:
         check_port_free(cfg.server.base_url)
@@ -110,26 +137,42 @@ def _server(cfg: Gsm8kConfig, run: RunDir, added_env: bool) -> Iterator[Launched
         return
     env = {k: v for k, v in os.environ.items() if not (added_env and k == "TQDM_DISABLE")}
     env.update(launch.env)
-    with launched_server(launch, cfg.server.base_url, cfg.model, run.file(SERVER_LOG), env) as server:
+    with launched_server(launch, cfg.server.base_url, cfg.model, run.file(SERVER_LOG), env,
+                         command=cfg.launch_command(), record_path=run.file(SERVER_RECORD)) as server:
         yield server
+
+
+def _check_backend(cfg: Gsm8kConfig, server: LaunchedServer | None) -> dict[str, Any] | None:
+    """The backend the server's log shows, when the config requires one (else None); raises
+    BackendCheckFailed, before any question, when the log shows another or none."""
+    if cfg.attention_backend is None:
+        return None
+    log = server.log_path if server is not None else Path(cfg.server.log_file)
+    return check_backend(cfg.attention_backend, log)
 
 
 def _evaluate(cfg: Gsm8kConfig, task, manager, total: int, run: RunDir, hint: str, added_env: bool) -> Outcome:
     with _server(cfg, run, added_env) as server:
+        backend = _check_backend(cfg, server)
+        before = request_counts(cfg.server.base_url, cfg.model)
         try:
-            return run_lm_eval(cfg, task, manager, total, run.path)
+            outcome = run_lm_eval(cfg, task, manager, total, run.path)
         except EvaluationFailed as exc:
             kept = cached_answers(run.path / CACHE_FILE)
             message = f"GSM8K stopped with {kept} of {total} answers kept: {exc.reason}"
             if server is not None:
                 message += f"; {server.describe_failure()}"
             raise UsageError(f"{message}; resume with: {hint}") from None
+        counted = answered_between(before, request_counts(cfg.server.base_url, cfg.model))
+        return dataclasses.replace(outcome, attention_backend=backend, server_requests=counted)
 
 
 def _record(cfg: Gsm8kConfig, run: RunDir, outcome: Outcome, local: LocalData | None) -> int:
     rows = sample_rows(outcome.results["samples"][TASK_NAME])
     summary = summarize(cfg, outcome.results, rows, outcome.wall_s, outcome.asked, outcome.from_cache, outcome.retries)
     summary["data"] = str(local.dir) if local is not None else f"{cfg.data.hub_path} ({cfg.data.hub_name})"
+    summary["attention_backend"] = outcome.attention_backend
+    summary["server_requests"] = outcome.server_requests
     write_json(run.file("results.json"), {"summary": summary, "lm_eval": to_jsonable(outcome.results)})
     write_jsonl(run.file("samples.jsonl"), rows)
     run.finish("passed" if summary["passed"] else "failed", summary)

@@ -90,6 +90,18 @@ def _pm(value: float, stderr: float | None) -> str:
     return f"{value:.4f} ± {stderr:.4f}" if stderr is not None else f"{value:.4f}"
 
 
+def _server_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
+    """What the server itself reported: its count of answered requests, its attention backend."""
+    rows = []
+    counted = s.get("server_requests")
+    if counted is not None:
+        rows.append(("answered, counted by the server", f"{counted['answered']} ({counted['metric']})"))
+    backend = s.get("attention_backend")
+    if backend is not None:
+        rows.append(("attention backend (server log)", f"{backend['selected']} ({backend['lines']} lines)"))
+    return rows
+
+
 def print_summary(cfg: Gsm8kConfig, summary: dict[str, Any], run_path: Path) -> None:
     s = summary
     rate = f"{s['questions_per_s']:.2f}" if s["questions_per_s"] is not None else "-"
@@ -99,6 +111,7 @@ def print_summary(cfg: Gsm8kConfig, summary: dict[str, Any], run_path: Path) -> 
         ("problems (n)", str(s["n"])),
         ("invalid answers (no '#### N')", f"{s['invalid_rate']:.4f} ({s['invalid_answers']})"),
         ("asked this run / from cache", f"{s['asked']} / {s['from_cache']}"),
+        *_server_rows(s),
         ("retries", str(s["retries"])),
         ("wall time", f"{s['wall_s']:.1f} s"),
         ("questions/s (asked this run)", rate),
