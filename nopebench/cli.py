@@ -113,7 +113,7 @@ def bench_cache(
 @app.command()
 def gsm8k(
     config: Annotated[str, typer.Option("--config", "-c", help="GSM8K config: a YAML path or a name under configs/gsm8k/.")],
-    base_url: Annotated[str | None, typer.Option(help="Server root, e.g. http://127.0.0.1:8000 (overrides the config).")] = None,
+    base_url: Annotated[str | None, typer.Option(help="Server root or its OpenAI base, e.g. http://127.0.0.1:8000 or http://127.0.0.1:8000/v1 (overrides the config).")] = None,
     limit: Annotated[int | None, typer.Option(min=1, help="Evaluate only the first N problems.")] = None,
     data: Annotated[Path | None, typer.Option(help="Directory with train.jsonl and test.jsonl (overrides the config).")] = None,
     resume: Annotated[Path | None, typer.Option(help="A failed run's directory: reuse its finished generations.")] = None,
