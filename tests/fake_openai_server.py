@@ -279,7 +279,8 @@ def main() -> None:
         print(line, flush=True)
     if args.attention_backend is not None:
         print(f"attention backend argument: {args.attention_backend}", flush=True)
-    server = FakeOpenAIServer(read_dataset(args.data), model=args.model, crash_after=args.crash_after)
+    server = FakeOpenAIServer(read_dataset(args.data), model=args.model,
+                              crash_after=args.crash_after)
     server.log_requests = True
     server.start(args.port)
     print(f"serving {args.model} on {server.base_url}", flush=True)

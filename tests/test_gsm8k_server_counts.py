@@ -22,7 +22,7 @@ vllm:request_success_total{engine="0",finished_reason="abort",model_name="tiny"}
 vllm:request_success_total{engine="0",finished_reason="error",model_name="tiny"} 0.0
 vllm:request_success_total{engine="1",finished_reason="length",model_name="tiny"} 3.0
 vllm:request_success_total{engine="0",finished_reason="length",model_name="other"} 40.0
-vllm:request_success_created{engine="0",finished_reason="stop",model_name="tiny"} 1.7961146810333993e+09
+vllm:request_success_created{engine="0",finished_reason="stop",model_name="tiny"} 1.796e+09
 vllm:num_requests_running{engine="0",model_name="tiny"} 0.0
 """
 

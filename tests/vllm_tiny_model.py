@@ -49,10 +49,20 @@ def build(train: Path, out: Path) -> None:
     tmp.mkdir(parents=True)
 
     bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(_texts(train), vocab_size=VOCAB_SIZE, min_frequency=2,
-                            special_tokens=SPECIAL, show_progress=False)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>",
-                                        pad_token="<pad>", model_max_length=MAX_POSITIONS)
+    bpe.train_from_iterator(
+        _texts(train),
+        vocab_size=VOCAB_SIZE,
+        min_frequency=2,
+        special_tokens=SPECIAL,
+        show_progress=False,
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        model_max_length=MAX_POSITIONS,
+    )
     tokenizer.save_pretrained(tmp)
 
     torch.manual_seed(SEED)

@@ -5,8 +5,8 @@ fix is for). A passing score proves nothing about that backend if another one se
 model, so before a question is sent the server's log must show vLLM choosing NAME, in one of
 the two forms its platform code logs:
 
-    Using NAME attention backend out of potential backends: ['NAME', ...].   (chosen by priority)
-    Using NAME backend.                                                      (forced, --attention-backend)
+    Using NAME attention backend out of potential backends: ['NAME', ...].   (by priority)
+    Using NAME backend.                                        (forced: --attention-backend)
 
 (the forced form may print the enum as `AttentionBackendEnum.NAME`; ROCm words both slightly
 differently, and is read too). Every selection line in
@@ -77,13 +77,19 @@ def check_backend(required: str, log_path: Path) -> dict[str, Any]:
     except OSError as exc:
         reason = exc.strerror or exc.__class__.__name__
         record["selected"] = None
-        raise BackendCheckFailed(f"attention backend check: cannot read the server log {log_path} "
-                                 f"({reason}); the run requires {required}", record) from None
+        raise BackendCheckFailed(
+            f"attention backend check: cannot read the server log {log_path} "
+            f"({reason}); the run requires {required}",
+            record,
+        ) from None
     found = selections(text)
     names = sorted({s.backend for s in found})
-    record.update(selected=names[0] if len(names) == 1 else names or None,
-                  lines=len(found), forced=any(s.forced for s in found),
-                  first_line=_quote(found[0].line) if found else None)
+    record.update(
+        selected=names[0] if len(names) == 1 else names or None,
+        lines=len(found),
+        forced=any(s.forced for s in found),
+        first_line=_quote(found[0].line) if found else None,
+    )
     if not found:
         refused = re.search(_REFUSED.format(name=re.escape(required)), text)
         said = f"; the log says: {_quote(refused.group(0).strip())}" if refused else ""
@@ -91,12 +97,16 @@ def check_backend(required: str, log_path: Path) -> dict[str, Any]:
             f"attention backend check failed: the server log {log_path} names no attention "
             f"backend (no vLLM line 'Using <NAME> attention backend out of potential backends' "
             f"or 'Using <NAME> backend.'), so nothing shows that {required} served the run"
-            f"{said}; no question was sent", record)
+            f"{said}; no question was sent",
+            record,
+        )
     others = [s for s in found if s.backend != required]
     if others:
         raise BackendCheckFailed(
             f"attention backend check failed: the server log {log_path} shows vLLM using "
             f"{', '.join(n for n in names if n != required)}, not {required} "
             f"({len(others)} of {len(found)} selection lines, e.g. {_quote(others[0].line)!r}); "
-            f"no question was sent", record)
+            f"no question was sent",
+            record,
+        )
     return record

@@ -138,7 +138,8 @@ def _server(cfg: Gsm8kConfig, run: RunDir, added_env: bool) -> Iterator[Launched
     env = {k: v for k, v in os.environ.items() if not (added_env and k == "TQDM_DISABLE")}
     env.update(launch.env)
     with launched_server(launch, cfg.server.base_url, cfg.model, run.file(SERVER_LOG), env,
-                         command=cfg.launch_command(), record_path=run.file(SERVER_RECORD)) as server:
+                         command=cfg.launch_command(),
+                         record_path=run.file(SERVER_RECORD)) as server:
         yield server
 
 

@@ -149,15 +149,18 @@ class Gsm8kConfig(StrictModel):
     reference: list[ReferenceScore] = Field(default_factory=list)
     attention_backend: str | None = Field(
         default=None, pattern=r"^[A-Z][A-Z0-9_]*$",
-        description="the vLLM attention backend the server must select, e.g. FLASHINFER_MLA_SPARSE_SM120")
+        description="the vLLM attention backend the server must select, "
+                    "e.g. FLASHINFER_MLA_SPARSE_SM120")
 
     @model_validator(mode="after")
     def _backend_consistent(self) -> Gsm8kConfig:
         launch = self.server.launch
-        if self.attention_backend is not None and launch is None and self.server.log_file is None:
-            raise ValueError(f"attention_backend {self.attention_backend} is checked in the server's "
-                             "log: for a server the harness does not launch (--base-url, or no "
-                             "server.launch), set server.log_file to that server's log")
+        unseen = launch is None and self.server.log_file is None
+        if self.attention_backend is not None and unseen:
+            raise ValueError(f"attention_backend {self.attention_backend} is checked in the "
+                             "server's log: for a server the harness does not launch "
+                             "(--base-url, or no server.launch), set server.log_file to that "
+                             "server's log")
         if self.attention_backend is None or launch is None or BACKEND_FLAG not in launch.command:
             return self
         i = launch.command.index(BACKEND_FLAG)

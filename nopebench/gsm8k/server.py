@@ -90,7 +90,8 @@ def parse_request_counts(text: str, model: str | None = None) -> dict[str, int] 
     return counts or None
 
 
-def request_counts(base_url: str, model: str | None = None, timeout: float = 10.0) -> dict[str, int] | None:
+def request_counts(base_url: str, model: str | None = None,
+                   timeout: float = 10.0) -> dict[str, int] | None:
     """The server's own finished-request counters (see `parse_request_counts`); None when it
     has no /metrics or no such counter (a server that is not vLLM) or cannot be reached."""
     try:
@@ -309,10 +310,11 @@ def launched_server(launch: LaunchConfig, base_url: str, model: str, log_path: P
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log, _sigterm_as_interrupt():
         try:
-            proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    env=env, start_new_session=True)
+            proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, env=env, start_new_session=True)
         except OSError as exc:
-            raise UsageError(f"cannot start the server {command[0]!r} ({exc.strerror or exc})") from None
+            raise UsageError(f"cannot start the server {command[0]!r} "
+                             f"({exc.strerror or exc})") from None
         server = LaunchedServer(proc, log_path)
         try:
             if record_path is not None:

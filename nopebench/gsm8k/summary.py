@@ -95,10 +95,12 @@ def _server_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
     rows = []
     counted = s.get("server_requests")
     if counted is not None:
-        rows.append(("answered, counted by the server", f"{counted['answered']} ({counted['metric']})"))
+        text = f"{counted['answered']} ({counted['metric']})"
+        rows.append(("answered, counted by the server", text))
     backend = s.get("attention_backend")
     if backend is not None:
-        rows.append(("attention backend (server log)", f"{backend['selected']} ({backend['lines']} lines)"))
+        text = f"{backend['selected']} ({backend['lines']} lines)"
+        rows.append(("attention backend (server log)", text))
     return rows
 
 
