@@ -211,7 +211,10 @@ def gsm8k(
     ],
     base_url: Annotated[
         str | None,
-        typer.Option(help="Server root, e.g. http://127.0.0.1:8000 (overrides the config)."),
+        typer.Option(
+            help="Server root or its OpenAI base, e.g. http://127.0.0.1:8000 or "
+            "http://127.0.0.1:8000/v1 (overrides the config)."
+        ),
     ] = None,
     limit: Annotated[
         int | None, typer.Option(min=1, help="Evaluate only the first N problems.")

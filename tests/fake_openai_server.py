@@ -20,8 +20,13 @@ hang, so a client can be killed part-way at a known point with nothing in flight
 requests. `crash_after=N` (script mode) prints a known NoPE crash signature and exits after N
 answers, like a server whose kernel rejected a call.
 
+It also serves `/metrics` with vLLM's finished-request counter (`vllm:request_success_total`,
+finish reason `stop`) counting its answers, unless `metrics=False`.
+
 Run as a script (`python tests/fake_openai_server.py --port P --data DIR`) it serves the
 dataset in DIR answering every question correctly: the child that launch-mode tests start.
+`--say LINE` (repeatable) prints LINE to its output first, e.g. a crafted vLLM log line, and
+`--attention-backend NAME` is accepted as vLLM accepts it and printed as received.
 """
 
 from __future__ import annotations
@@ -54,7 +59,12 @@ def make_problems(count: int, seed: int, tag: str) -> list[Problem]:
     problems = []
     for i in range(count):
         a, b = rng.randint(10, 999), rng.randint(10, 999)
-        problems.append(Problem(f"{tag} problem {i}: Ann has {a} apples and buys {b} more. How many apples does she have?", str(a + b)))
+        problems.append(
+            Problem(
+                f"{tag} problem {i}: Ann has {a} apples and buys {b} more. How many apples does she have?",
+                str(a + b),
+            )
+        )
     return problems
 
 
@@ -104,6 +114,7 @@ class FakeOpenAIServer:
         model: str = "fake-model",
         hang_after: int | None = None,
         crash_after: int | None = None,
+        metrics: bool = True,
     ) -> None:
         self.answers = {p.question: p.answer for p in problems}
         self.scripts = {q: list(s) for q, s in (scripts or {}).items()}
@@ -113,6 +124,8 @@ class FakeOpenAIServer:
         self.model = model
         self.hang_after = hang_after
         self.crash_after = crash_after
+        self.metrics = metrics
+        self.log_requests = False  # print each request's question (the launched child's log)
         self._reserved = 0  # answers promised so far (decided on receipt, for hang_after)
         self.received: Counter[str] = Counter()
         self.answered: Counter[str] = Counter()
@@ -137,6 +150,8 @@ class FakeOpenAIServer:
         app = web.Application()
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
+        if self.metrics:
+            app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/v1/completions", self._generate)
         app.router.add_post("/v1/chat/completions", self._generate)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
@@ -185,7 +200,17 @@ class FakeOpenAIServer:
         return web.Response(text="")
 
     async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model"}]})
+        return web.json_response(
+            {"object": "list", "data": [{"id": self.model, "object": "model"}]}
+        )
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        labels = f'engine="0",model_name="{self.model}"'
+        text = "".join(
+            f'vllm:request_success_total{{{labels},finished_reason="{reason}"}} {float(value)}\n'
+            for reason, value in (("stop", self.answered_total()), ("length", 0), ("abort", 0))
+        )
+        return web.Response(text="# TYPE vllm:request_success_total counter\n" + text)
 
     async def _hang(self, request: web.Request) -> web.Response:
         await self._stop.wait()
@@ -195,6 +220,8 @@ class FakeOpenAIServer:
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         payload = await request.json()
         question = question_of(payload)
+        if self.log_requests:
+            print(f"request for: {question[:60]}", flush=True)
         with self._lock:
             self.payloads.append(payload)
             attempt = self.received[question]
@@ -227,8 +254,11 @@ class FakeOpenAIServer:
         }[action]
         with self._lock:
             if self.crash_after is not None and sum(self.answered.values()) >= self.crash_after:
-                print("ValueError: SM120 sparse MLA v32/GLM expects sparse block_tables shape (512, 1, 2048), "
-                      "got (512, 1, 2176)", flush=True)
+                print(
+                    "ValueError: SM120 sparse MLA v32/GLM expects sparse block_tables shape (512, 1, 2048), "
+                    "got (512, 1, 2176)",
+                    flush=True,
+                )
                 os._exit(1)
             self.answered[question] += 1
         async with self._progress:
@@ -241,10 +271,24 @@ class FakeOpenAIServer:
 
     def _body(self, payload: dict, text: str) -> dict:
         if "messages" in payload:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
-            return {"id": "chat-1", "object": "chat.completion", "model": self.model, "choices": [choice]}
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": "stop",
+            }
+            return {
+                "id": "chat-1",
+                "object": "chat.completion",
+                "model": self.model,
+                "choices": [choice],
+            }
         choice = {"index": 0, "text": text, "finish_reason": "stop", "logprobs": None}
-        return {"id": "cmpl-1", "object": "text_completion", "model": self.model, "choices": [choice]}
+        return {
+            "id": "cmpl-1",
+            "object": "text_completion",
+            "model": self.model,
+            "choices": [choice],
+        }
 
 
 def main() -> None:
@@ -253,8 +297,18 @@ def main() -> None:
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--model", default="fake-model")
     parser.add_argument("--crash-after", type=int, default=None)
+    parser.add_argument("--say", action="append", default=[], help="a line to print first")
+    parser.add_argument("--attention-backend", default=None)
     args = parser.parse_args()
-    server = FakeOpenAIServer(read_dataset(args.data), model=args.model, crash_after=args.crash_after).start(args.port)
+    for line in args.say:
+        print(line, flush=True)
+    if args.attention_backend is not None:
+        print(f"attention backend argument: {args.attention_backend}", flush=True)
+    server = FakeOpenAIServer(
+        read_dataset(args.data), model=args.model, crash_after=args.crash_after
+    )
+    server.log_requests = True
+    server.start(args.port)
     print(f"serving {args.model} on {server.base_url}", flush=True)
     threading.Event().wait()  # until killed
 

@@ -4,6 +4,10 @@ Every field that changes what the server is asked (model, API, shots, token budg
 lives here, so a run is reproduced from its YAML alone and a resumed run can be checked against
 the one it continues. Loaded with the project's one precedence rule: defaults < YAML < command
 line (`--base-url`, `--limit`, `--data`).
+
+`attention_backend` names the vLLM attention backend the run must exercise: a launched server
+is started with `--attention-backend NAME`, and the server's log must show vLLM selecting it
+before a question is sent (see `backend`).
 """
 
 from __future__ import annotations
@@ -12,15 +16,23 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from nopebench.config import StrictModel, load_config, resolve_config_path
 
 Api = Literal["completions", "chat"]
 
 # lm-eval model names and server paths per API; the config says `completions` or `chat`.
-LM_EVAL_MODEL: dict[str, str] = {"completions": "local-completions", "chat": "local-chat-completions"}
+LM_EVAL_MODEL: dict[str, str] = {
+    "completions": "local-completions",
+    "chat": "local-chat-completions",
+}
 API_PATH: dict[str, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+OPENAI_BASE = "/v1"  # the OpenAI-style base users also type; the server root is what we keep
+# GSM8K as published (openai/grade-school-math, MIT licence), shipped in the package: see its
+# README.md. The same files the model hub's openai/gsm8k (main) was built from.
+BUNDLED_DATA = Path(__file__).resolve().parent / "dataset"
+BACKEND_FLAG = "--attention-backend"
 
 
 class DataConfig(StrictModel):
@@ -33,6 +45,17 @@ class DataConfig(StrictModel):
     hub_path: str = "openai/gsm8k"
     hub_name: str = "main"
     dir: str | None = None
+    bundled: bool = Field(default=False, description="the copy of GSM8K shipped in the package")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DataConfig:
+        if self.bundled and self.dir is not None:
+            raise ValueError("give data.dir or data.bundled: true, not both")
+        return self
+
+    def local_dir(self) -> str | None:
+        """The directory to read, or None for the model hub."""
+        return str(BUNDLED_DATA) if self.bundled else self.dir
 
 
 class LaunchConfig(StrictModel):
@@ -44,19 +67,45 @@ class LaunchConfig(StrictModel):
     stop_timeout_s: float = Field(default=60.0, gt=0)
 
 
+def server_root(url: str) -> str:
+    """`url` without a trailing slash or the OpenAI-style `/v1`: http://host:port/v1 and
+    http://host:port/ both mean the server at http://host:port. Other paths are left for the
+    check to refuse."""
+    url = url.rstrip("/")
+    return url[: -len(OPENAI_BASE)] if urlsplit(url).path == OPENAI_BASE else url
+
+
 class ServerConfig(StrictModel):
-    """`base_url` is the server root (http://host:port); with `launch` the harness starts it there."""
+    """`base_url` is the server root (http://host:port) or its OpenAI base (http://host:port/v1),
+    kept as the root; with `launch` the harness starts the server there.
+
+    `log_file` (attach mode only) is the given server's log, read for the attention backend
+    it selected; a launched server's log is the one in the run directory."""
 
     base_url: str = "http://127.0.0.1:8000"
     launch: LaunchConfig | None = None
+    log_file: str | None = None
+
+    @field_validator("base_url")
+    @classmethod
+    def _root(cls, value: str) -> str:
+        return server_root(value)
 
     @model_validator(mode="after")
     def _consistent(self) -> ServerConfig:
         parts = urlsplit(self.base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"base_url {self.base_url!r} is not an http(s)://host:port URL")
-        if parts.path.rstrip("/"):
-            raise ValueError(f"base_url {self.base_url!r}: give the server root, without a path such as /v1")
+        if parts.path:
+            raise ValueError(
+                f"base_url {self.base_url!r}: give the server root (http://host:port) "
+                f"or its OpenAI base (http://host:port/v1), no other path"
+            )
+        if self.launch is not None and self.log_file is not None:
+            raise ValueError(
+                "log_file is for a server the harness does not launch; "
+                "a launched server's log is the run directory's server.log"
+            )
         if self.launch is not None and "--port" in self.launch.command:
             i = self.launch.command.index("--port")
             port = self.launch.command[i + 1] if i + 1 < len(self.launch.command) else None
@@ -78,8 +127,12 @@ class ReferenceScore(StrictModel):
     def _one_form(self) -> ReferenceScore:
         if (self.strict_match is None) == (self.range is None):
             raise ValueError(f"reference {self.label!r}: give exactly one of strict_match or range")
-        if self.range is not None and (len(self.range) != 2 or not 0 <= self.range[0] <= self.range[1] <= 1):
-            raise ValueError(f"reference {self.label!r}: range must be [low, high] with 0 <= low <= high <= 1")
+        if self.range is not None and (
+            len(self.range) != 2 or not 0 <= self.range[0] <= self.range[1] <= 1
+        ):
+            raise ValueError(
+                f"reference {self.label!r}: range must be [low, high] with 0 <= low <= high <= 1"
+            )
         return self
 
     def text(self) -> str:
@@ -97,14 +150,54 @@ class Gsm8kConfig(StrictModel):
     num_fewshot: int = Field(default=5, ge=0)
     num_concurrent: int = Field(default=32, ge=1)
     max_gen_toks: int = Field(default=2048, ge=1)
-    timeout_s: int = Field(default=600, ge=1, description="per request, lm-eval takes whole seconds")
-    max_retries: int = Field(default=3, ge=1, description="attempts per request, the first included")
+    timeout_s: int = Field(
+        default=600, ge=1, description="per request, lm-eval takes whole seconds"
+    )
+    max_retries: int = Field(
+        default=3, ge=1, description="attempts per request, the first included"
+    )
     seed: int = 1234
     limit: int | None = Field(default=None, ge=1)
     data: DataConfig = Field(default_factory=DataConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
     threshold: float = Field(ge=0, le=1, description="minimum strict-match to pass")
     reference: list[ReferenceScore] = Field(default_factory=list)
+    attention_backend: str | None = Field(
+        default=None,
+        pattern=r"^[A-Z][A-Z0-9_]*$",
+        description="the vLLM attention backend the server must select, "
+        "e.g. FLASHINFER_MLA_SPARSE_SM120",
+    )
+
+    @model_validator(mode="after")
+    def _backend_consistent(self) -> Gsm8kConfig:
+        launch = self.server.launch
+        unseen = launch is None and self.server.log_file is None
+        if self.attention_backend is not None and unseen:
+            raise ValueError(
+                f"attention_backend {self.attention_backend} is checked in the "
+                "server's log: for a server the harness does not launch "
+                "(--base-url, or no server.launch), set server.log_file to that "
+                "server's log"
+            )
+        if self.attention_backend is None or launch is None or BACKEND_FLAG not in launch.command:
+            return self
+        i = launch.command.index(BACKEND_FLAG)
+        given = launch.command[i + 1] if i + 1 < len(launch.command) else None
+        if given != self.attention_backend:
+            raise ValueError(
+                f"launch.command says {BACKEND_FLAG} {given} but attention_backend is "
+                f"{self.attention_backend}; give it once, as attention_backend"
+            )
+        return self
+
+    def launch_command(self) -> list[str]:
+        """The command that starts the server: `launch.command`, plus `--attention-backend NAME`
+        when the config names a backend and the command does not already pass it."""
+        command = list(self.server.launch.command)
+        if self.attention_backend is not None and BACKEND_FLAG not in command:
+            command += [BACKEND_FLAG, self.attention_backend]
+        return command
 
     @property
     def lm_eval_model(self) -> str:
@@ -123,16 +216,22 @@ class Gsm8kConfig(StrictModel):
             "num_fewshot": self.num_fewshot,
             "max_gen_toks": self.max_gen_toks,
             "seed": self.seed,
+            "attention_backend": self.attention_backend,
         }
 
 
-def load_gsm8k_config(value: str | Path, base_url: str | None = None, limit: int | None = None,
-                      data: Path | None = None) -> Gsm8kConfig:
+def load_gsm8k_config(
+    value: str | Path,
+    base_url: str | None = None,
+    limit: int | None = None,
+    data: Path | None = None,
+) -> Gsm8kConfig:
     """Config from a path or a bundled name, with the command line's overrides on top.
 
-    `--base-url` means "use this running server": it replaces `server` entirely, so a
-    config's `launch` is not run. `--data` replaces `data.dir`, stored as an absolute path so
-    the run record says exactly which files were read.
+    `--base-url` means "use this running server": it replaces `server` (keeping only its
+    `log_file`), so a config's `launch` is not run. `--data` replaces `data.dir` (and
+    `data.bundled`), stored as an absolute path so the run record says exactly which files were
+    read.
     """
     path = resolve_config_path(value, "gsm8k")
     overrides: dict[str, Any] = {"limit": limit}
@@ -141,11 +240,20 @@ def load_gsm8k_config(value: str | Path, base_url: str | None = None, limit: int
 
         raw = read_yaml_mapping(path)
         if base_url is not None:
-            overrides["server"] = {"base_url": base_url.rstrip("/")}
+            server = raw.get("server") if isinstance(raw.get("server"), dict) else {}
+            kept = {"log_file": server["log_file"]} if "log_file" in server else {}
+            overrides["server"] = {"base_url": base_url, **kept}
         if data is not None:
             base = raw.get("data") if isinstance(raw.get("data"), dict) else {}
+            base = {k: v for k, v in base.items() if k != "bundled"}
             overrides["data"] = {**base, "dir": str(Path(data).resolve())}
     cfg = load_config(path, Gsm8kConfig, overrides)
     if cfg.data.dir is not None and not Path(cfg.data.dir).is_absolute():
-        cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"dir": str(Path(cfg.data.dir).resolve())})})
+        cfg = cfg.model_copy(
+            update={"data": cfg.data.model_copy(update={"dir": str(Path(cfg.data.dir).resolve())})}
+        )
+    log_file = cfg.server.log_file
+    if log_file is not None and not Path(log_file).is_absolute():
+        server = cfg.server.model_copy(update={"log_file": str(Path(log_file).resolve())})
+        cfg = cfg.model_copy(update={"server": server})
     return cfg

@@ -48,6 +48,8 @@ class Outcome:
     asked: int  # generations requested from the server in this run
     from_cache: int  # answers reused from the request cache (a resumed run)
     retries: int
+    attention_backend: dict[str, Any] | None = None  # what the server log showed (backend.py)
+    server_requests: dict[str, Any] | None = None  # the server's own count (server.py)
 
 
 class _CountingHook:
@@ -192,4 +194,6 @@ def run_lm_eval(cfg: Gsm8kConfig, task: Any, manager: Any, total: int, run_dir: 
             gc.collect()
     if failure is not None:
         raise EvaluationFailed(failure)
-    return Outcome(results, time.perf_counter() - start, tracker.asked, tracker.from_cache, tracker.retries)
+    return Outcome(
+        results, time.perf_counter() - start, tracker.asked, tracker.from_cache, tracker.retries
+    )

@@ -30,13 +30,16 @@ def sample_rows(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per problem: question, target, response, each filter's extraction and score."""
     rows: dict[int, dict[str, Any]] = {}
     for s in samples:
-        row = rows.setdefault(int(s["doc_id"]), {
-            "doc_id": int(s["doc_id"]),
-            "question": s["doc"]["question"],
-            "target": s["target"],
-            "response": s["resps"][0][0],
-            "prompt_hash": s.get("prompt_hash"),
-        })
+        row = rows.setdefault(
+            int(s["doc_id"]),
+            {
+                "doc_id": int(s["doc_id"]),
+                "question": s["doc"]["question"],
+                "target": s["target"],
+                "response": s["resps"][0][0],
+                "prompt_hash": s.get("prompt_hash"),
+            },
+        )
         key = _key(s["filter"])
         row[f"{key}_answer"] = s["filtered_resps"][0]
         row[f"{key}_correct"] = float(s["exact_match"])
@@ -60,8 +63,15 @@ def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
     return path
 
 
-def summarize(cfg: Gsm8kConfig, results: dict[str, Any], rows: list[dict[str, Any]], wall_s: float,
-              asked: int, from_cache: int, retries: int) -> dict[str, Any]:
+def summarize(
+    cfg: Gsm8kConfig,
+    results: dict[str, Any],
+    rows: list[dict[str, Any]],
+    wall_s: float,
+    asked: int,
+    from_cache: int,
+    retries: int,
+) -> dict[str, Any]:
     """The numbers of one run, at full precision: what run.json and the table show."""
     metrics = results["results"][TASK_NAME]
     n = len(rows)
@@ -70,7 +80,9 @@ def summarize(cfg: Gsm8kConfig, results: dict[str, Any], rows: list[dict[str, An
     for name in FILTERS:
         summary[_key(name)] = float(metrics[f"exact_match,{name}"])
         stderr = metrics.get(f"exact_match_stderr,{name}")
-        summary[f"{_key(name)}_stderr"] = float(stderr) if isinstance(stderr, (int, float)) else None
+        summary[f"{_key(name)}_stderr"] = (
+            float(stderr) if isinstance(stderr, (int, float)) else None
+        )
     summary.update(
         invalid_answers=invalid,
         invalid_rate=invalid / n if n else 0.0,
@@ -81,13 +93,30 @@ def summarize(cfg: Gsm8kConfig, results: dict[str, Any], rows: list[dict[str, An
         questions_per_s=asked / wall_s if wall_s > 0 else None,
         threshold=cfg.threshold,
         passed=summary["strict_match"] >= cfg.threshold,
-        reference=[{"label": r.label, "strict_match": r.strict_match, "range": r.range} for r in cfg.reference],
+        reference=[
+            {"label": r.label, "strict_match": r.strict_match, "range": r.range}
+            for r in cfg.reference
+        ],
     )
     return summary
 
 
 def _pm(value: float, stderr: float | None) -> str:
     return f"{value:.4f} ± {stderr:.4f}" if stderr is not None else f"{value:.4f}"
+
+
+def _server_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
+    """What the server itself reported: its count of answered requests, its attention backend."""
+    rows = []
+    counted = s.get("server_requests")
+    if counted is not None:
+        text = f"{counted['answered']} ({counted['metric']})"
+        rows.append(("answered, counted by the server", text))
+    backend = s.get("attention_backend")
+    if backend is not None:
+        text = f"{backend['selected']} ({backend['lines']} lines)"
+        rows.append(("attention backend (server log)", text))
+    return rows
 
 
 def print_summary(cfg: Gsm8kConfig, summary: dict[str, Any], run_path: Path) -> None:
@@ -99,6 +128,7 @@ def print_summary(cfg: Gsm8kConfig, summary: dict[str, Any], run_path: Path) -> 
         ("problems (n)", str(s["n"])),
         ("invalid answers (no '#### N')", f"{s['invalid_rate']:.4f} ({s['invalid_answers']})"),
         ("asked this run / from cache", f"{s['asked']} / {s['from_cache']}"),
+        *_server_rows(s),
         ("retries", str(s["retries"])),
         ("wall time", f"{s['wall_s']:.1f} s"),
         ("questions/s (asked this run)", rate),
