@@ -7,6 +7,7 @@ is allowed; the CLI turns it into exit code 2.
 
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -16,8 +17,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from nopebench import geometry
 from nopebench.errors import UsageError
 
+# The source checkout (for git and the developer tools); an installed package has none.
 REPO_ROOT = Path(__file__).resolve().parent.parent
-CONFIG_ROOT = REPO_ROOT / "configs"
+# The bundled configs ship inside the package, so a name such as `glm53-flash` resolves the
+# same from a checkout, an editable install or a wheel installed anywhere.
+CONFIG_ROOT = Path(str(resources.files("nopebench") / "configs"))
 DEFAULT_MODEL = "glm53-flash"
 
 ScaleFormat = Literal["arbitrary_fp32", "pow2_fp32"]
@@ -99,7 +103,8 @@ Cfg = TypeVar("Cfg", bound=BaseModel)
 
 
 def resolve_config_path(value: str | Path, kind: str) -> Path:
-    """A path as given, or a bundled config name such as `glm53-flash` under configs/<kind>/."""
+    """A path as given, or a bundled config name such as `glm53-flash` (shipped in the
+    package's configs/<kind>/)."""
     path = Path(value)
     if path.suffix in (".yaml", ".yml") or path.exists() or len(path.parts) > 1:
         return path
@@ -156,5 +161,5 @@ def load_config(path: str | Path, cls: type[Cfg], overrides: dict[str, Any] | No
 
 
 def load_model_config(value: str | Path) -> ModelConfig:
-    """A model config from a path or a bundled name (configs/models/<name>.yaml)."""
+    """A model config from a path or a bundled name (nopebench/configs/models/<name>.yaml)."""
     return load_config(resolve_config_path(value, "models"), ModelConfig)

@@ -1,7 +1,8 @@
 """Run directories and result files.
 
-Every run writes into a fresh directory `results/<kind>/<UTC time>-<short id>/` and never
-touches an existing one. Files are written to a temporary name and renamed, and `run.json`
+Every run writes into a fresh directory `results/<kind>/<UTC time>-<short id>/` (`results/`
+under the working directory unless --results-dir says otherwise) and never touches an
+existing one. Files are written to a temporary name and renamed, and `run.json`
 (environment header, status, summary) is written last, so a directory without a final
 `run.json` status is visibly incomplete rather than a partial result passed off as whole.
 """
@@ -19,10 +20,9 @@ from typing import Any
 
 import pandas as pd
 
-from nopebench.config import REPO_ROOT
 from nopebench.environment import environment_header
 
-DEFAULT_RESULTS = REPO_ROOT / "results"
+DEFAULT_RESULTS = Path("results")  # relative: under the working directory
 RUN_FILE = "run.json"
 
 

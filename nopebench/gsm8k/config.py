@@ -1,4 +1,4 @@
-"""The GSM8K run config: a typed model of configs/gsm8k/<name>.yaml.
+"""The GSM8K run config: a typed model of a GSM8K YAML (bundled ones in nopebench/configs/gsm8k/).
 
 Every field that changes what the server is asked (model, API, shots, token budget, seed, data)
 lives here, so a run is reproduced from its YAML alone and a resumed run can be checked against
