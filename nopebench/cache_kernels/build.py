@@ -29,7 +29,7 @@ from functools import cache
 from pathlib import Path
 
 from nopebench.config import REPO_ROOT
-from nopebench.errors import UnsupportedError, UsageError
+from nopebench.errors import SystemFailedError, UnsupportedError, UsageError
 
 SOURCE_DIR = Path(__file__).resolve().parent / "cuda"
 LIBRARY_SOURCE = "cache_kernels.cu"
@@ -69,8 +69,9 @@ TARGET_RE = re.compile(r"^sm_(\d{2,3})([af]?)$")
 ARCH_SPECIFIC = {(9, 0): "sm_90a", (10, 0): "sm_100a", (12, 0): "sm_120a"}
 
 
-class BuildError(UsageError):
-    """nvcc failed. The message is one line; `log` holds the compiler's full output."""
+class BuildError(SystemFailedError):
+    """nvcc failed on the sources (the toolchain failed, not the input: exit 4). The message
+    is one line; `log` holds the compiler's full output."""
 
     def __init__(self, summary: str, log: str, log_path: Path | None) -> None:
         super().__init__(summary)

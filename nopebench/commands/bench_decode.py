@@ -17,7 +17,7 @@ from nopebench.commands.options import BenchDecodeOptions
 from nopebench.errors import EXIT_CHECK_FAILED, EXIT_OK, UnsupportedError, UsageError
 from nopebench.impls import registry
 from nopebench.plots import decode_plots
-from nopebench.records import RunDir, write_csv, write_json
+from nopebench.records import RunDir, check_results_root, write_csv, write_json
 
 
 def resolve_impls(cfg: BenchConfig, requested: tuple[str, ...] | list[str] | None) -> list[str]:
@@ -53,6 +53,7 @@ def execute(opts: BenchDecodeOptions) -> int:
     model = model_for(cfg)
     impls = resolve_impls(cfg, opts.impls)
     base = read_baseline(opts.baseline)
+    check_results_root(opts.output.results_dir)
     quick = opts.quick
     if not torch.cuda.is_available():
         raise UnsupportedError(

@@ -13,7 +13,7 @@ from nopebench.checks.layout import (
 from nopebench.commands.options import VerifyLayoutOptions
 from nopebench.config import load_model_config
 from nopebench.errors import EXIT_CHECK_FAILED, EXIT_OK, UnsupportedError, UsageError
-from nopebench.records import RunDir, write_csv, write_json
+from nopebench.records import RunDir, check_results_root, write_csv, write_json
 
 
 def parse_impls(impl: str) -> list[str]:
@@ -29,6 +29,7 @@ def execute(opts: VerifyLayoutOptions) -> int:
     impl = opts.impl
     impls = parse_impls(impl)
     cases = sweep_cases(cfg, opts.seed) if opts.sweep else [model_case(cfg, opts.tokens, opts.seed)]
+    check_results_root(opts.output.results_dir)
     with out.progress_bar("verify-layout", total=len(cases) * len(impls)) as advance:
         report = verify_layout(cases, impls, progress=advance)
     if impl != "all" and impl in report.skipped:
