@@ -18,7 +18,8 @@ It counts requests received and answered per question, which is how the tests pr
 question is asked twice. `hang_after=N` answers exactly N requests and makes every later one
 hang, so a client can be killed part-way at a known point with nothing in flight but hung
 requests. `crash_after=N` (script mode) prints a known NoPE crash signature and exits after N
-answers, like a server whose kernel rejected a call.
+answers, like a server whose kernel rejected a call. `models_status=500` makes GET /v1/models
+fail with that status: a server that is up but broken.
 
 Run as a script (`python tests/fake_openai_server.py --port P --data DIR`) it serves the
 dataset in DIR answering every question correctly: the child that launch-mode tests start.
@@ -104,6 +105,7 @@ class FakeOpenAIServer:
         model: str = "fake-model",
         hang_after: int | None = None,
         crash_after: int | None = None,
+        models_status: int = 200,
     ) -> None:
         self.answers = {p.question: p.answer for p in problems}
         self.scripts = {q: list(s) for q, s in (scripts or {}).items()}
@@ -113,6 +115,7 @@ class FakeOpenAIServer:
         self.model = model
         self.hang_after = hang_after
         self.crash_after = crash_after
+        self.models_status = models_status  # anything but 200: GET /v1/models fails with it
         self._reserved = 0  # answers promised so far (decided on receipt, for hang_after)
         self.received: Counter[str] = Counter()
         self.answered: Counter[str] = Counter()
@@ -185,6 +188,8 @@ class FakeOpenAIServer:
         return web.Response(text="")
 
     async def _models(self, request: web.Request) -> web.Response:
+        if self.models_status != 200:
+            return web.json_response({"error": "scripted failure"}, status=self.models_status)
         return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model"}]})
 
     async def _hang(self, request: web.Request) -> web.Response:

@@ -24,7 +24,7 @@ from gsm8k_helpers import (
 
 from nopebench.commands import gsm8k
 from nopebench.commands.options import Gsm8kOptions
-from nopebench.errors import EXIT_OK, UsageError
+from nopebench.errors import EXIT_OK, SystemFailedError, UsageError
 from nopebench.gsm8k.config import LaunchConfig
 from nopebench.gsm8k.server import launched_server
 
@@ -70,7 +70,7 @@ def test_early_exit_shows_the_log_tail_and_names_the_missing_fix(tmp_path, capsy
             "print('RuntimeError: concat_and_cache_mla, cache_kernels.cu:866, pe_dim must be 64 for fp8_ds_mla'); "
             "raise SystemExit(3)")
     cfg = _launch_config(tmp_path, [sys.executable, "-c", code])
-    with pytest.raises(UsageError) as err:
+    with pytest.raises(SystemFailedError) as err:
         gsm8k.execute(Gsm8kOptions(str(cfg), None, None, _data(tmp_path), None, tmp_path / "results"))
     message = str(err.value)
     assert "\n" not in message
@@ -84,7 +84,7 @@ def test_early_exit_shows_the_log_tail_and_names_the_missing_fix(tmp_path, capsy
 
 def test_startup_timeout_stops_the_server(tmp_path):
     cfg = _launch_config(tmp_path, _shell(f"echo $$ > {tmp_path}/leader; exec sleep 300"), startup_timeout_s=1.0)
-    with pytest.raises(UsageError, match=r"was not ready after 1 s"):
+    with pytest.raises(SystemFailedError, match=r"was not ready after 1 s"):
         gsm8k.execute(Gsm8kOptions(str(cfg), None, None, _data(tmp_path), None, tmp_path / "results"))
     assert process_gone(_pid(tmp_path / "leader"))
 
@@ -95,7 +95,7 @@ def test_server_dying_mid_run_is_explained_and_resumable(tmp_path):
                                     str(tmp_path / "data"), "--crash-after", "3"], )
     text = cfg.read_text().replace("max_retries: 3", "max_retries: 2")
     cfg.write_text(text)
-    with pytest.raises(UsageError) as err:
+    with pytest.raises(SystemFailedError) as err:
         gsm8k.execute(Gsm8kOptions(str(cfg), None, None, tmp_path / "data", None, tmp_path / "results"))
     message = str(err.value)
     run = only_run(tmp_path / "results")

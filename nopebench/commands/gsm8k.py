@@ -1,10 +1,13 @@
 """`nopebench gsm8k`: check the inputs, start or check the server, evaluate, record, judge.
 
 Everything that can be wrong before a single request (config, local data, the run to resume,
-a given server that is down, a dataset that cannot be loaded) fails in one line with exit 2
-and writes nothing. From then on the run has a directory; a failure there is recorded in its
-run.json with the command that resumes it. The exit code is 0 when strict-match reaches the
-config's threshold and 1 below it.
+a given server that is down, a dataset that cannot be loaded, a results directory that cannot
+be written) fails in one line with exit 2 and writes nothing. From then on the run has a
+directory; a failure there is recorded in its run.json with the command that resumes it, and
+a server that died, stalled or kept failing exits 4. The exit code is 0 when strict-match
+reaches the config's threshold and 1 below it. A run of fewer problems than the full set
+(--limit) is not judged against that threshold: it records its scores with their standard
+errors, status `done`, exit 0.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import yaml
 from nopebench import console as out
 from nopebench.commands.options import Gsm8kOptions
 from nopebench.config import resolve_config_path
-from nopebench.errors import EXIT_CHECK_FAILED, EXIT_OK, UsageError
+from nopebench.errors import EXIT_CHECK_FAILED, EXIT_OK, NopebenchError, SystemFailedError
 from nopebench.gsm8k.config import Gsm8kConfig, load_gsm8k_config
 from nopebench.gsm8k.data import (
     TASK_NAME,
@@ -38,11 +41,12 @@ from nopebench.gsm8k.resume import (
     copy_cache,
     previous_cache,
     resume_command,
+    resumed_status,
     save_config,
 )
 from nopebench.gsm8k.server import LaunchedServer, check_port_free, check_server, launched_server
 from nopebench.gsm8k.summary import print_summary, sample_rows, summarize, to_jsonable, write_jsonl
-from nopebench.records import RunDir, write_json
+from nopebench.records import RunDir, check_results_root, write_json
 
 SERVER_LOG = "server.log"
 
@@ -52,13 +56,15 @@ def execute(opts: Gsm8kOptions) -> int:
     resume, results_dir = opts.resume, opts.results_dir
     with quiet_third_party_progress() as added_env:  # before lm-eval (and its tqdm) is imported
         cfg, local, previous = _preflight(config, base_url, limit, data, resume)
+        check_results_root(results_dir)
         with tempfile.TemporaryDirectory(prefix="nopebench-gsm8k-") as task_dir:
             manager, task = load_task(write_task_dir(Path(task_dir), cfg.data, local), cfg.data, local)
             total = min(problem_count(task), cfg.limit or problem_count(task))
             run = _start_run(cfg, local, config, resume, previous, results_dir)
             hint = resume_command(config, base_url, limit, data, results_dir, run.path)
             outcome = _evaluate_recorded(cfg, task, manager, total, run, hint, added_env)
-        return _record(cfg, run, outcome, local)
+            full = problem_count(task)
+        return _record(cfg, run, outcome, local, full)
 
 
 def _preflight(config: str, base_url: str | None, limit: int | None, data: Path | None,
@@ -82,7 +88,9 @@ def _start_run(cfg: Gsm8kConfig, local: LocalData | None, config: str, resume: P
     run.file("task.yaml").write_text(yaml.safe_dump(task_yaml(cfg.data, local), sort_keys=False), encoding="utf-8")
     if previous is not None:
         copy_cache(previous, run.path)
-        out.console.print(f"resuming {resume}: {cached_answers(run.file(CACHE_FILE))} finished answers reused")
+        ended = resumed_status(resume)
+        how = " (its process is gone: died)" if ended == "died" else ""
+        out.console.print(f"resuming {resume}{how}: {cached_answers(run.file(CACHE_FILE))} finished answers reused")
     return run
 
 
@@ -97,7 +105,7 @@ def _evaluate_recorded(cfg: Gsm8kConfig, task, manager, total: int, run: RunDir,
         out.err_console.print(f"interrupted with {kept} of {total} answers kept; resume with: {hint}",
                               highlight=False, soft_wrap=True)
         raise
-    except UsageError as exc:
+    except NopebenchError as exc:
         run.finish("error", {"error": str(exc), "answers_kept": cached_answers(run.file(CACHE_FILE)),
                              "total": total, "resume": hint})
         raise
@@ -125,15 +133,20 @@ def _evaluate(cfg: Gsm8kConfig, task, manager, total: int, run: RunDir, hint: st
             message = f"GSM8K stopped with {kept} of {total} answers kept: {exc.reason}"
             if server is not None:
                 message += f"; {server.describe_failure()}"
-            raise UsageError(f"{message}; resume with: {hint}") from None
+            raise SystemFailedError(f"{message}; resume with: {hint}") from None
 
 
-def _record(cfg: Gsm8kConfig, run: RunDir, outcome: Outcome, local: LocalData | None) -> int:
+def _record(cfg: Gsm8kConfig, run: RunDir, outcome: Outcome, local: LocalData | None, full: int) -> int:
     rows = sample_rows(outcome.results["samples"][TASK_NAME])
-    summary = summarize(cfg, outcome.results, rows, outcome.wall_s, outcome.asked, outcome.from_cache, outcome.retries)
+    summary = summarize(cfg, outcome.results, rows, outcome.wall_s, outcome.asked, outcome.from_cache, outcome.retries,
+                        full=full)
     summary["data"] = str(local.dir) if local is not None else f"{cfg.data.hub_path} ({cfg.data.hub_name})"
     write_json(run.file("results.json"), {"summary": summary, "lm_eval": to_jsonable(outcome.results)})
     write_jsonl(run.file("samples.jsonl"), rows)
+    if summary["passed"] is None:  # a sample: scores with standard errors, no verdict
+        run.finish("done", summary)
+        print_summary(cfg, summary, run.path)
+        return EXIT_OK
     run.finish("passed" if summary["passed"] else "failed", summary)
     print_summary(cfg, summary, run.path)
     return EXIT_OK if summary["passed"] else EXIT_CHECK_FAILED

@@ -99,6 +99,10 @@ class Gsm8kConfig(StrictModel):
     max_gen_toks: int = Field(default=2048, ge=1)
     timeout_s: int = Field(default=600, ge=1, description="per request, lm-eval takes whole seconds")
     max_retries: int = Field(default=3, ge=1, description="attempts per request, the first included")
+    stall_timeout_s: float = Field(default=900.0, gt=0,
+                                   description="stop when no answer completes for this long")
+    max_consecutive_failures: int = Field(default=32, ge=1,
+                                          description="stop after this many failed attempts in a row")
     seed: int = 1234
     limit: int | None = Field(default=None, ge=1)
     data: DataConfig = Field(default_factory=DataConfig)
