@@ -3,7 +3,9 @@ imported lazily so `nopebench --help` and a bad argument never pay for torch or 
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import os
 import signal
 import sys
 import threading
@@ -13,7 +15,11 @@ from typing import Annotated, Any
 
 import typer
 from typer.core import TyperGroup
-from typer.core import _click as click  # typer's click (its own copy in newer typer releases)
+
+try:  # the click typer uses: its own copy in newer releases, the click package before
+    from typer.core import _click as click
+except ImportError:
+    import click
 
 from nopebench import __version__
 from nopebench.commands import options as o
@@ -25,6 +31,8 @@ from nopebench.errors import (
 )
 
 PROG = "nopebench"
+# click 8.2+ raises this for a bare `nopebench`; older click shows the help by itself.
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 
 class _OneLineErrors(TyperGroup):
@@ -40,7 +48,7 @@ class _OneLineErrors(TyperGroup):
                 standalone_mode=False,
                 **extra,
             )
-        except click.exceptions.NoArgsIsHelpError as exc:
+        except _NO_ARGS_IS_HELP as exc:
             click.echo(exc.ctx.get_help())
             sys.exit(EXIT_USAGE)
         except click.ClickException as exc:
@@ -136,6 +144,8 @@ def _dispatch(fn: Callable[[], int], json_out: bool = False) -> None:
     except OSError as exc:
         if exc.errno == errno.EPIPE:  # the reader of a pipe went away: nothing left to say
             _close_open_runs("interrupted", "output pipe closed")
+            with contextlib.suppress(OSError):  # no second complaint when Python flushes stdout
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             raise typer.Exit(EXIT_INTERRUPTED) from None
         message, code = describe_os_error(exc)
         _close_open_runs("error", message)
@@ -392,4 +402,15 @@ def _sigterm_as_interrupt() -> None:
 
 def main() -> None:
     _sigterm_as_interrupt()
-    app()
+    try:
+        app()
+    except SystemExit as exc:
+        if exc.code != EXIT_INTERRUPTED:
+            raise
+        # Exit 130 as documented. Leaving through the interpreter instead can end the process
+        # by SIGINT (status -2) when the KeyboardInterrupt passed through an extension's own
+        # Python call on its way here, although it was handled.
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(EXIT_INTERRUPTED)

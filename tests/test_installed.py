@@ -94,4 +94,12 @@ def test_a_wheel_installed_elsewhere_works_from_any_directory(tmp_path):
     assert proc.stdout.splitlines()[0] == str(target / "nopebench" / "__init__.py")
     (run_dir,) = (work / "results" / "verify-layout").iterdir()
     assert (run_dir / "run.json").is_file()
-    assert not (target / "results").exists()
+    report = subprocess.run(
+        [sys.executable, "-c",
+         "import sys; from nopebench.cli import main; sys.argv = ['nopebench', 'report']; main()"],
+        cwd=work, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert report.returncode == 0, report.stderr
+    (report_dir,) = (work / "results" / "report").iterdir()
+    assert (report_dir / "report.md").is_file()
+    assert not (target / "results").exists()  # nothing written beside the installed package

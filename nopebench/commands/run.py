@@ -152,6 +152,7 @@ def execute(opts: RunOptions) -> int:
                     ("passed", "") if code == EXIT_OK else ("failed", f"exit code {code}")
                 )
             except UnsupportedError as exc:
+                close_open_runs("error", str(exc), inside=run.path)
                 status, detail = "skipped", str(exc)
                 out.console.print(f"[yellow]skipped:[/] {exc}")
             except NopebenchError as exc:
