@@ -126,7 +126,7 @@ CHECK_CHUNK = 1 << 14  # written tokens, or gathered rows, checked at a time
 MAX_TOKENS = 1 << 20  # the documented maximum of --tokens, measured in results/reference/cpu-limits
 # Host memory a case takes beyond its per-token buffers: the process itself and the working
 # set of one generation chunk and one check chunk. Set from measured peaks (peak RSS 1.96 GiB
-# at 65536 tokens, 2.17 GiB at 262144, 4.07 GiB at 1048576), so the estimate stays above them.
+# at 65536 tokens, 2.17 GiB at 262144, 4.06 GiB at 1048576), so the estimate stays above them.
 MEMORY_FIXED_BYTES = int(1.9 * (1 << 30))
 
 
