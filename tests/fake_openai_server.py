@@ -55,7 +55,12 @@ def make_problems(count: int, seed: int, tag: str) -> list[Problem]:
     problems = []
     for i in range(count):
         a, b = rng.randint(10, 999), rng.randint(10, 999)
-        problems.append(Problem(f"{tag} problem {i}: Ann has {a} apples and buys {b} more. How many apples does she have?", str(a + b)))
+        problems.append(
+            Problem(
+                f"{tag} problem {i}: Ann has {a} apples and buys {b} more. How many apples does she have?",
+                str(a + b),
+            )
+        )
     return problems
 
 
@@ -190,7 +195,9 @@ class FakeOpenAIServer:
     async def _models(self, request: web.Request) -> web.Response:
         if self.models_status != 200:
             return web.json_response({"error": "scripted failure"}, status=self.models_status)
-        return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model"}]})
+        return web.json_response(
+            {"object": "list", "data": [{"id": self.model, "object": "model"}]}
+        )
 
     async def _hang(self, request: web.Request) -> web.Response:
         await self._stop.wait()
@@ -232,8 +239,11 @@ class FakeOpenAIServer:
         }[action]
         with self._lock:
             if self.crash_after is not None and sum(self.answered.values()) >= self.crash_after:
-                print("ValueError: SM120 sparse MLA v32/GLM expects sparse block_tables shape (512, 1, 2048), "
-                      "got (512, 1, 2176)", flush=True)
+                print(
+                    "ValueError: SM120 sparse MLA v32/GLM expects sparse block_tables shape (512, 1, 2048), "
+                    "got (512, 1, 2176)",
+                    flush=True,
+                )
                 os._exit(1)
             self.answered[question] += 1
         async with self._progress:
@@ -246,10 +256,24 @@ class FakeOpenAIServer:
 
     def _body(self, payload: dict, text: str) -> dict:
         if "messages" in payload:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
-            return {"id": "chat-1", "object": "chat.completion", "model": self.model, "choices": [choice]}
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": "stop",
+            }
+            return {
+                "id": "chat-1",
+                "object": "chat.completion",
+                "model": self.model,
+                "choices": [choice],
+            }
         choice = {"index": 0, "text": text, "finish_reason": "stop", "logprobs": None}
-        return {"id": "cmpl-1", "object": "text_completion", "model": self.model, "choices": [choice]}
+        return {
+            "id": "cmpl-1",
+            "object": "text_completion",
+            "model": self.model,
+            "choices": [choice],
+        }
 
 
 def main() -> None:
@@ -259,7 +283,9 @@ def main() -> None:
     parser.add_argument("--model", default="fake-model")
     parser.add_argument("--crash-after", type=int, default=None)
     args = parser.parse_args()
-    server = FakeOpenAIServer(read_dataset(args.data), model=args.model, crash_after=args.crash_after).start(args.port)
+    server = FakeOpenAIServer(
+        read_dataset(args.data), model=args.model, crash_after=args.crash_after
+    ).start(args.port)
     print(f"serving {args.model} on {server.base_url}", flush=True)
     threading.Event().wait()  # until killed
 

@@ -72,7 +72,9 @@ def cache_rows(db: Path) -> int:
         return 0
 
 
-def wait_for(condition: Callable[[], bool], timeout_s: float, what: str, interval_s: float = 0.05) -> None:
+def wait_for(
+    condition: Callable[[], bool], timeout_s: float, what: str, interval_s: float = 0.05
+) -> None:
     """Poll until `condition()` holds; fail the test with `what` after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -81,10 +83,18 @@ def wait_for(condition: Callable[[], bool], timeout_s: float, what: str, interva
         time.sleep(interval_s)
 
 
-def nopebench_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+def nopebench_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess:
     """The real command line in a child process, as a user runs it."""
-    return subprocess.run([sys.executable, "-m", "nopebench", *args], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "nopebench", *args],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def process_gone(pid: int) -> bool:

@@ -29,22 +29,45 @@ def test_server_down_is_one_line_exit_2(tmp_path, env):
     write_dataset(tmp_path / "data", n_test=2)
     port = free_port()  # nothing listens there
     cfg = write_config(tmp_path / "cfg.yaml", f"http://127.0.0.1:{port}")
-    proc = nopebench_cli("gsm8k", "--config", str(cfg), "--data", str(tmp_path / "data"),
-                         "--results-dir", str(tmp_path / "results"), env=env)
+    proc = nopebench_cli(
+        "gsm8k",
+        "--config",
+        str(cfg),
+        "--data",
+        str(tmp_path / "data"),
+        "--results-dir",
+        str(tmp_path / "results"),
+        env=env,
+    )
     assert proc.returncode == EXIT_USAGE
     line = _one_error_line(proc)
-    assert f"server http://127.0.0.1:{port} is not reachable" in line and "Connection refused" in line
+    assert (
+        f"server http://127.0.0.1:{port} is not reachable" in line and "Connection refused" in line
+    )
     assert not (tmp_path / "results").exists()  # nothing written
 
 
 def test_data_missing_is_one_line_exit_2(tmp_path, env):
     with FakeOpenAIServer([]) as server:
         cfg = write_config(tmp_path / "cfg.yaml", server.base_url)
-        missing = nopebench_cli("gsm8k", "--config", str(cfg), "--data", str(tmp_path / "nowhere"),
-                                "--results-dir", str(tmp_path / "results"), env=env)
-        no_hub = nopebench_cli("gsm8k", "--config", str(cfg), "--results-dir", str(tmp_path / "results"), env=env)
+        missing = nopebench_cli(
+            "gsm8k",
+            "--config",
+            str(cfg),
+            "--data",
+            str(tmp_path / "nowhere"),
+            "--results-dir",
+            str(tmp_path / "results"),
+            env=env,
+        )
+        no_hub = nopebench_cli(
+            "gsm8k", "--config", str(cfg), "--results-dir", str(tmp_path / "results"), env=env
+        )
     assert missing.returncode == EXIT_USAGE
-    assert "GSM8K data: " in _one_error_line(missing) and "nowhere is not a directory" in missing.stderr
+    assert (
+        "GSM8K data: " in _one_error_line(missing)
+        and "nowhere is not a directory" in missing.stderr
+    )
     assert no_hub.returncode == EXIT_USAGE
     assert "pass --data DIR" in _one_error_line(no_hub)
     assert not (tmp_path / "results").exists()
@@ -54,7 +77,9 @@ def test_wrong_model_name_is_one_line_exit_2(tmp_path, env):
     write_dataset(tmp_path / "data", n_test=2)
     with FakeOpenAIServer([], model="served-name") as server:
         cfg = write_config(tmp_path / "cfg.yaml", server.base_url, model="other-name")
-        proc = nopebench_cli("gsm8k", "--config", str(cfg), "--data", str(tmp_path / "data"), env=env)
+        proc = nopebench_cli(
+            "gsm8k", "--config", str(cfg), "--data", str(tmp_path / "data"), env=env
+        )
     assert proc.returncode == EXIT_USAGE
     assert "does not serve model 'other-name' (it serves: served-name)" in _one_error_line(proc)
 
@@ -63,15 +88,39 @@ def test_wrong_model_name_is_one_line_exit_2(tmp_path, env):
 def test_a_good_run_prints_the_table(tmp_path, env):
     problems = write_dataset(tmp_path / "data", n_test=4)
     with FakeOpenAIServer(problems, {problems[0].question: ["wrong"]}) as server:
-        cfg = write_config(tmp_path / "cfg.yaml", server.base_url, threshold=0.7,
-                           reference=[{"label": "upstream 4x SM120", "strict_match": 0.9325}])
-        proc = nopebench_cli("gsm8k", "--config", str(cfg), "--data", str(tmp_path / "data"),
-                             "--results-dir", str(tmp_path / "results"), env=env)
+        cfg = write_config(
+            tmp_path / "cfg.yaml",
+            server.base_url,
+            threshold=0.7,
+            reference=[{"label": "upstream 4x SM120", "strict_match": 0.9325}],
+        )
+        proc = nopebench_cli(
+            "gsm8k",
+            "--config",
+            str(cfg),
+            "--data",
+            str(tmp_path / "data"),
+            "--results-dir",
+            str(tmp_path / "results"),
+            env=env,
+        )
     assert proc.returncode == 0, proc.stderr
-    for text in ("strict-match", "0.7500 ± 0.2500", "flexible-extract", "problems (n)", "invalid answers",
-                 "wall time", "questions/s", "reference: upstream 4x SM120", "0.9325", "pass"):
+    for text in (
+        "strict-match",
+        "0.7500 ± 0.2500",
+        "flexible-extract",
+        "problems (n)",
+        "invalid answers",
+        "wall time",
+        "questions/s",
+        "reference: upstream 4x SM120",
+        "0.9325",
+        "pass",
+    ):
         assert text in proc.stdout, text
-    assert proc.stderr.strip() == ""  # no stray progress bars or library logs in a non-interactive run
+    assert (
+        proc.stderr.strip() == ""
+    )  # no stray progress bars or library logs in a non-interactive run
 
 
 @pytest.mark.slow
@@ -80,8 +129,16 @@ def test_a_failed_run_says_how_to_resume_and_that_command_works(tmp_path, env):
     failing = problems[3].question
     with FakeOpenAIServer(problems, {failing: ["http500_last"]}) as server:
         cfg = write_config(tmp_path / "cfg.yaml", server.base_url, max_retries=2)
-        failed = nopebench_cli("gsm8k", "--config", str(cfg), "--data", str(tmp_path / "data"),
-                               "--results-dir", str(tmp_path / "results"), env=env)
+        failed = nopebench_cli(
+            "gsm8k",
+            "--config",
+            str(cfg),
+            "--data",
+            str(tmp_path / "data"),
+            "--results-dir",
+            str(tmp_path / "results"),
+            env=env,
+        )
         assert failed.returncode == EXIT_SYSTEM_FAILED
         line = _one_error_line(failed)
         assert "GSM8K stopped with 4 of 5 answers kept" in line
@@ -94,4 +151,6 @@ def test_a_failed_run_says_how_to_resume_and_that_command_works(tmp_path, env):
     assert resumed.returncode == 0, resumed.stderr
     assert "asked this run / from cache" in resumed.stdout and "1 / 4" in resumed.stdout
     assert all(answered[p.question] == 1 for p in problems)
-    assert sum(received.values()) == 5 + 2  # the failing question: two failed attempts, then once more
+    assert (
+        sum(received.values()) == 5 + 2
+    )  # the failing question: two failed attempts, then once more

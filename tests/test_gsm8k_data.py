@@ -42,12 +42,21 @@ def test_local_data_loads_through_lm_evals_own_task(tmp_path):
     assert task.config.generation_kwargs["until"][0] == "Question:"
 
 
-@pytest.mark.parametrize(("content", "expected"), [
-    ("not json\n", r"test\.jsonl line 1: not JSON"),
-    (json.dumps({"question": "q"}) + "\n", r"test\.jsonl line 1: needs string fields 'question' and 'answer'"),
-    (json.dumps({"question": "q", "answer": "42"}) + "\n", r"test\.jsonl line 1: the answer does not end in '#### N'"),
-    ("\n", r"test\.jsonl holds no problems"),
-])
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ("not json\n", r"test\.jsonl line 1: not JSON"),
+        (
+            json.dumps({"question": "q"}) + "\n",
+            r"test\.jsonl line 1: needs string fields 'question' and 'answer'",
+        ),
+        (
+            json.dumps({"question": "q", "answer": "42"}) + "\n",
+            r"test\.jsonl line 1: the answer does not end in '#### N'",
+        ),
+        ("\n", r"test\.jsonl holds no problems"),
+    ],
+)
 def test_malformed_local_file_is_one_line(tmp_path, content, expected):
     write_dataset(tmp_path / "data", n_test=2)
     (tmp_path / "data" / "test.jsonl").write_text(content)
@@ -77,5 +86,7 @@ def test_unreachable_hub_without_cache_is_one_line(tmp_path, monkeypatch):
         load_task(task_dir, data, None)
     message = str(err.value)
     assert "\n" not in message
-    assert message.startswith("GSM8K data: cannot load openai/gsm8k (main) from the model hub or its cache")
+    assert message.startswith(
+        "GSM8K data: cannot load openai/gsm8k (main) from the model hub or its cache"
+    )
     assert message.endswith("pass --data DIR with train.jsonl and test.jsonl to run offline")

@@ -39,7 +39,9 @@ def test_scripted_answers_give_exact_metrics(tmp_path, api):
     scripts = {problems[i].question: s for i, s in SCRIPTS.items()}
     with FakeOpenAIServer(problems, scripts) as server:
         cfg = write_config(tmp_path / "cfg.yaml", server.base_url, api=api, threshold=0.8)
-        code = gsm8k.execute(Gsm8kOptions(str(cfg), None, None, tmp_path / "data", None, tmp_path / "results"))
+        code = gsm8k.execute(
+            Gsm8kOptions(str(cfg), None, None, tmp_path / "data", None, tmp_path / "results")
+        )
         received, answered = server.snapshot()
         payloads = list(server.payloads)
 
@@ -68,7 +70,9 @@ def test_scripted_answers_give_exact_metrics(tmp_path, api):
         assert payload["seed"] == 1234
         assert "Question:" in payload["stop"]
     if api == "chat":
-        assert all(len(p["messages"]) == 11 for p in payloads)  # 5 shots as turns, then the question
+        assert all(
+            len(p["messages"]) == 11 for p in payloads
+        )  # 5 shots as turns, then the question
     else:
         assert all(p["prompt"].count("Question: ") == 6 for p in payloads)
 
@@ -89,7 +93,9 @@ def test_below_threshold_exits_1(tmp_path):
     scripts = {problems[0].question: ["wrong"]}
     with FakeOpenAIServer(problems, scripts) as server:
         cfg = write_config(tmp_path / "cfg.yaml", server.base_url, threshold=0.76)
-        code = gsm8k.execute(Gsm8kOptions(str(cfg), None, None, tmp_path / "data", None, tmp_path / "results"))
+        code = gsm8k.execute(
+            Gsm8kOptions(str(cfg), None, None, tmp_path / "data", None, tmp_path / "results")
+        )
     assert code == EXIT_CHECK_FAILED
     run = only_run(tmp_path / "results")
     assert read_json(run / "run.json")["status"] == "failed"
@@ -100,9 +106,17 @@ def test_limit_and_base_url_override_one_request_at_a_time(tmp_path):
     """Also lm-eval's sequential path (num_concurrent 1), which caches per request too."""
     problems = write_dataset(tmp_path / "data", n_test=12)
     with FakeOpenAIServer(problems) as server:
-        cfg = write_config(tmp_path / "cfg.yaml", "http://127.0.0.1:9", threshold=1.0,  # URL overridden below
-                           num_concurrent=1)
-        code = gsm8k.execute(Gsm8kOptions(str(cfg), server.base_url, 5, tmp_path / "data", None, tmp_path / "results"))
+        cfg = write_config(
+            tmp_path / "cfg.yaml",
+            "http://127.0.0.1:9",
+            threshold=1.0,  # URL overridden below
+            num_concurrent=1,
+        )
+        code = gsm8k.execute(
+            Gsm8kOptions(
+                str(cfg), server.base_url, 5, tmp_path / "data", None, tmp_path / "results"
+            )
+        )
         received, _ = server.snapshot()
     assert code == EXIT_OK
     assert sum(received.values()) == 5

@@ -49,8 +49,14 @@ def test_known_fraction_of_1319_gives_exactly_that_strict_match(tmp_path):
     wrong = sum(i % 7 == 0 for i in range(N_TEST))
     unmarked = sum(i % 7 != 0 and i % 11 == 0 for i in range(N_TEST))
     with FakeOpenAIServer(problems, scripts, model="nvidia/GLM-5.3-Flash-NVFP4") as server:
-        cfg = write_config(tmp_path / "cfg.yaml", server.base_url, model="nvidia/GLM-5.3-Flash-NVFP4",
-                           num_concurrent=32, timeout_s=600, threshold=0.75)
+        cfg = write_config(
+            tmp_path / "cfg.yaml",
+            server.base_url,
+            model="nvidia/GLM-5.3-Flash-NVFP4",
+            num_concurrent=32,
+            timeout_s=600,
+            threshold=0.75,
+        )
         code = gsm8k.execute(Gsm8kOptions(str(cfg), None, None, data, None, tmp_path / "results"))
         received, answered = server.snapshot()
 

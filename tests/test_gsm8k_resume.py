@@ -54,7 +54,9 @@ def test_hard_failure_keeps_answers_and_resume_asks_only_the_rest(tmp_path):
         assert server.snapshot()[0][failing] == 2  # both attempts reached the server
 
         server.scripts[failing] = ["correct"]
-        code = gsm8k.execute(Gsm8kOptions(str(cfg), None, None, tmp_path / "data", failed_run, results))
+        code = gsm8k.execute(
+            Gsm8kOptions(str(cfg), None, None, tmp_path / "data", failed_run, results)
+        )
         received, answered = server.snapshot()
 
     assert code == EXIT_OK
@@ -78,13 +80,34 @@ def test_killed_run_resumes_with_each_question_answered_once(tmp_path):
     with FakeOpenAIServer(problems, hang_after=15) as server:
         cfg = write_config(tmp_path / "cfg.yaml", server.base_url, num_concurrent=4, timeout_s=600)
         child = subprocess.Popen(
-            [sys.executable, "-m", "nopebench", "gsm8k", "--config", str(cfg), "--data", str(tmp_path / "data"),
-             "--results-dir", str(results)],
-            cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "nopebench",
+                "gsm8k",
+                "--config",
+                str(cfg),
+                "--data",
+                str(tmp_path / "data"),
+                "--results-dir",
+                str(results),
+            ],
+            cwd=REPO_ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
         try:
-            wait_for(lambda: run_dirs(results) and cache_rows(run_dirs(results)[0] / CACHE) >= 15, 120,
-                     "15 answers committed by the child")
-            wait_for(lambda: sum(server.snapshot()[0].values()) == 15 + 4, 30, "4 hung requests in flight")
+            wait_for(
+                lambda: run_dirs(results) and cache_rows(run_dirs(results)[0] / CACHE) >= 15,
+                120,
+                "15 answers committed by the child",
+            )
+            wait_for(
+                lambda: sum(server.snapshot()[0].values()) == 15 + 4,
+                30,
+                "4 hung requests in flight",
+            )
         finally:
             os.killpg(child.pid, signal.SIGKILL)
             child.wait(timeout=30)
@@ -96,7 +119,9 @@ def test_killed_run_resumes_with_each_question_answered_once(tmp_path):
         assert len(hung) == 4
 
         server.set_hang_after(None)
-        code = gsm8k.execute(Gsm8kOptions(str(cfg), None, None, tmp_path / "data", killed_run, results))
+        code = gsm8k.execute(
+            Gsm8kOptions(str(cfg), None, None, tmp_path / "data", killed_run, results)
+        )
         received, answered = server.snapshot()
 
     assert code == EXIT_OK
@@ -112,7 +137,10 @@ def test_resume_refuses_a_different_evaluation(tmp_path):
     results = tmp_path / "results"
     with FakeOpenAIServer(problems) as server:
         cfg = write_config(tmp_path / "cfg.yaml", server.base_url)
-        assert gsm8k.execute(Gsm8kOptions(str(cfg), None, None, tmp_path / "data", None, results)) == EXIT_OK
+        assert (
+            gsm8k.execute(Gsm8kOptions(str(cfg), None, None, tmp_path / "data", None, results))
+            == EXIT_OK
+        )
         first = only_run(results)
         other = write_config(tmp_path / "other.yaml", server.base_url, num_fewshot=3)
         with pytest.raises(UsageError, match=r"that run used num_fewshot = 5, this one 3"):
@@ -121,12 +149,17 @@ def test_resume_refuses_a_different_evaluation(tmp_path):
             gsm8k.execute(Gsm8kOptions(str(cfg), None, None, tmp_path / "data", tmp_path, results))
         # The same evaluation resumed after it finished asks nothing at all.
         before = sum(server.snapshot()[0].values())
-        assert gsm8k.execute(Gsm8kOptions(str(cfg), None, None, tmp_path / "data", first, results)) == EXIT_OK
+        assert (
+            gsm8k.execute(Gsm8kOptions(str(cfg), None, None, tmp_path / "data", first, results))
+            == EXIT_OK
+        )
         assert sum(server.snapshot()[0].values()) == before
     assert len(run_dirs(results)) == 2
 
 
-def test_ctrl_c_records_the_run_as_interrupted_with_the_resume_command(tmp_path, monkeypatch, capsys):
+def test_ctrl_c_records_the_run_as_interrupted_with_the_resume_command(
+    tmp_path, monkeypatch, capsys
+):
     import nopebench.commands.gsm8k as command
 
     def interrupted(*args, **kwargs):
@@ -137,8 +170,12 @@ def test_ctrl_c_records_the_run_as_interrupted_with_the_resume_command(tmp_path,
     with FakeOpenAIServer(problems) as server:
         cfg = write_config(tmp_path / "cfg.yaml", server.base_url)
         with pytest.raises(KeyboardInterrupt):
-            gsm8k.execute(Gsm8kOptions(str(cfg), None, None, tmp_path / "data", None, tmp_path / "results"))
+            gsm8k.execute(
+                Gsm8kOptions(str(cfg), None, None, tmp_path / "data", None, tmp_path / "results")
+            )
     run = only_run(tmp_path / "results")
     record = read_json(run / "run.json")
-    assert record["status"] == "interrupted" and record["summary"]["resume"].endswith(f"--resume {run}")
+    assert record["status"] == "interrupted" and record["summary"]["resume"].endswith(
+        f"--resume {run}"
+    )
     assert f"resume with: nopebench gsm8k --config {cfg}" in capsys.readouterr().err

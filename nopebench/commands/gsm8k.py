@@ -58,7 +58,9 @@ def execute(opts: Gsm8kOptions) -> int:
         cfg, local, previous = _preflight(config, base_url, limit, data, resume)
         check_results_root(results_dir)
         with tempfile.TemporaryDirectory(prefix="nopebench-gsm8k-") as task_dir:
-            manager, task = load_task(write_task_dir(Path(task_dir), cfg.data, local), cfg.data, local)
+            manager, task = load_task(
+                write_task_dir(Path(task_dir), cfg.data, local), cfg.data, local
+            )
             total = min(problem_count(task), cfg.limit or problem_count(task))
             run = _start_run(cfg, local, config, resume, previous, results_dir)
             hint = resume_command(config, base_url, limit, data, results_dir, run.path)
@@ -67,8 +69,9 @@ def execute(opts: Gsm8kOptions) -> int:
         return _record(cfg, run, outcome, local, full)
 
 
-def _preflight(config: str, base_url: str | None, limit: int | None, data: Path | None,
-               resume: Path | None) -> tuple[Gsm8kConfig, LocalData | None, Path | None]:
+def _preflight(
+    config: str, base_url: str | None, limit: int | None, data: Path | None, resume: Path | None
+) -> tuple[Gsm8kConfig, LocalData | None, Path | None]:
     """Every check that needs no run directory: a failure here writes nothing."""
     cfg = load_gsm8k_config(config, base_url, limit, data)
     local = check_local_data(cfg.data.dir) if cfg.data.dir is not None else None
@@ -80,34 +83,58 @@ def _preflight(config: str, base_url: str | None, limit: int | None, data: Path 
     return cfg, local, previous
 
 
-def _start_run(cfg: Gsm8kConfig, local: LocalData | None, config: str, resume: Path | None,
-               previous: Path | None, results_dir: Path | None) -> RunDir:
+def _start_run(
+    cfg: Gsm8kConfig,
+    local: LocalData | None,
+    config: str,
+    resume: Path | None,
+    previous: Path | None,
+    results_dir: Path | None,
+) -> RunDir:
     """A fresh run directory with the effective config, the task, and a resumed run's answers."""
     run = RunDir.create("gsm8k", results_dir)
     save_config(run.path, cfg, str(resolve_config_path(config, "gsm8k")), resume)
-    run.file("task.yaml").write_text(yaml.safe_dump(task_yaml(cfg.data, local), sort_keys=False), encoding="utf-8")
+    run.file("task.yaml").write_text(
+        yaml.safe_dump(task_yaml(cfg.data, local), sort_keys=False), encoding="utf-8"
+    )
     if previous is not None:
         copy_cache(previous, run.path)
         ended = resumed_status(resume)
         how = " (its process is gone: died)" if ended == "died" else ""
-        out.console.print(f"resuming {resume}{how}: {cached_answers(run.file(CACHE_FILE))} finished answers reused")
+        out.console.print(
+            f"resuming {resume}{how}: {cached_answers(run.file(CACHE_FILE))} finished answers reused"
+        )
     return run
 
 
-def _evaluate_recorded(cfg: Gsm8kConfig, task, manager, total: int, run: RunDir, hint: str,
-                       added_env: bool) -> Outcome:
+def _evaluate_recorded(
+    cfg: Gsm8kConfig, task, manager, total: int, run: RunDir, hint: str, added_env: bool
+) -> Outcome:
     """Evaluate; a failure or Ctrl-C is written to run.json with the answers kept and the hint."""
     try:
         return _evaluate(cfg, task, manager, total, run, hint, added_env)
     except KeyboardInterrupt:
         kept = cached_answers(run.file(CACHE_FILE))
-        run.finish("interrupted", {"error": "interrupted", "answers_kept": kept, "total": total, "resume": hint})
-        out.err_console.print(f"interrupted with {kept} of {total} answers kept; resume with: {hint}",
-                              highlight=False, soft_wrap=True)
+        run.finish(
+            "interrupted",
+            {"error": "interrupted", "answers_kept": kept, "total": total, "resume": hint},
+        )
+        out.err_console.print(
+            f"interrupted with {kept} of {total} answers kept; resume with: {hint}",
+            highlight=False,
+            soft_wrap=True,
+        )
         raise
     except NopebenchError as exc:
-        run.finish("error", {"error": str(exc), "answers_kept": cached_answers(run.file(CACHE_FILE)),
-                             "total": total, "resume": hint})
+        run.finish(
+            "error",
+            {
+                "error": str(exc),
+                "answers_kept": cached_answers(run.file(CACHE_FILE)),
+                "total": total,
+                "resume": hint,
+            },
+        )
         raise
 
 
@@ -120,11 +147,15 @@ def _server(cfg: Gsm8kConfig, run: RunDir, added_env: bool) -> Iterator[Launched
         return
     env = {k: v for k, v in os.environ.items() if not (added_env and k == "TQDM_DISABLE")}
     env.update(launch.env)
-    with launched_server(launch, cfg.server.base_url, cfg.model, run.file(SERVER_LOG), env) as server:
+    with launched_server(
+        launch, cfg.server.base_url, cfg.model, run.file(SERVER_LOG), env
+    ) as server:
         yield server
 
 
-def _evaluate(cfg: Gsm8kConfig, task, manager, total: int, run: RunDir, hint: str, added_env: bool) -> Outcome:
+def _evaluate(
+    cfg: Gsm8kConfig, task, manager, total: int, run: RunDir, hint: str, added_env: bool
+) -> Outcome:
     with _server(cfg, run, added_env) as server:
         try:
             return run_lm_eval(cfg, task, manager, total, run.path)
@@ -136,12 +167,26 @@ def _evaluate(cfg: Gsm8kConfig, task, manager, total: int, run: RunDir, hint: st
             raise SystemFailedError(f"{message}; resume with: {hint}") from None
 
 
-def _record(cfg: Gsm8kConfig, run: RunDir, outcome: Outcome, local: LocalData | None, full: int) -> int:
+def _record(
+    cfg: Gsm8kConfig, run: RunDir, outcome: Outcome, local: LocalData | None, full: int
+) -> int:
     rows = sample_rows(outcome.results["samples"][TASK_NAME])
-    summary = summarize(cfg, outcome.results, rows, outcome.wall_s, outcome.asked, outcome.from_cache, outcome.retries,
-                        full=full)
-    summary["data"] = str(local.dir) if local is not None else f"{cfg.data.hub_path} ({cfg.data.hub_name})"
-    write_json(run.file("results.json"), {"summary": summary, "lm_eval": to_jsonable(outcome.results)})
+    summary = summarize(
+        cfg,
+        outcome.results,
+        rows,
+        outcome.wall_s,
+        outcome.asked,
+        outcome.from_cache,
+        outcome.retries,
+        full=full,
+    )
+    summary["data"] = (
+        str(local.dir) if local is not None else f"{cfg.data.hub_path} ({cfg.data.hub_name})"
+    )
+    write_json(
+        run.file("results.json"), {"summary": summary, "lm_eval": to_jsonable(outcome.results)}
+    )
     write_jsonl(run.file("samples.jsonl"), rows)
     if summary["passed"] is None:  # a sample: scores with standard errors, no verdict
         run.finish("done", summary)

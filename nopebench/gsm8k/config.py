@@ -19,7 +19,10 @@ from nopebench.config import StrictModel, load_config, resolve_config_path
 Api = Literal["completions", "chat"]
 
 # lm-eval model names and server paths per API; the config says `completions` or `chat`.
-LM_EVAL_MODEL: dict[str, str] = {"completions": "local-completions", "chat": "local-chat-completions"}
+LM_EVAL_MODEL: dict[str, str] = {
+    "completions": "local-completions",
+    "chat": "local-chat-completions",
+}
 API_PATH: dict[str, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
 
@@ -56,7 +59,9 @@ class ServerConfig(StrictModel):
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"base_url {self.base_url!r} is not an http(s)://host:port URL")
         if parts.path.rstrip("/"):
-            raise ValueError(f"base_url {self.base_url!r}: give the server root, without a path such as /v1")
+            raise ValueError(
+                f"base_url {self.base_url!r}: give the server root, without a path such as /v1"
+            )
         if self.launch is not None and "--port" in self.launch.command:
             i = self.launch.command.index("--port")
             port = self.launch.command[i + 1] if i + 1 < len(self.launch.command) else None
@@ -78,8 +83,12 @@ class ReferenceScore(StrictModel):
     def _one_form(self) -> ReferenceScore:
         if (self.strict_match is None) == (self.range is None):
             raise ValueError(f"reference {self.label!r}: give exactly one of strict_match or range")
-        if self.range is not None and (len(self.range) != 2 or not 0 <= self.range[0] <= self.range[1] <= 1):
-            raise ValueError(f"reference {self.label!r}: range must be [low, high] with 0 <= low <= high <= 1")
+        if self.range is not None and (
+            len(self.range) != 2 or not 0 <= self.range[0] <= self.range[1] <= 1
+        ):
+            raise ValueError(
+                f"reference {self.label!r}: range must be [low, high] with 0 <= low <= high <= 1"
+            )
         return self
 
     def text(self) -> str:
@@ -97,12 +106,18 @@ class Gsm8kConfig(StrictModel):
     num_fewshot: int = Field(default=5, ge=0)
     num_concurrent: int = Field(default=32, ge=1)
     max_gen_toks: int = Field(default=2048, ge=1)
-    timeout_s: int = Field(default=600, ge=1, description="per request, lm-eval takes whole seconds")
-    max_retries: int = Field(default=3, ge=1, description="attempts per request, the first included")
-    stall_timeout_s: float = Field(default=900.0, gt=0,
-                                   description="stop when no answer completes for this long")
-    max_consecutive_failures: int = Field(default=32, ge=1,
-                                          description="stop after this many failed attempts in a row")
+    timeout_s: int = Field(
+        default=600, ge=1, description="per request, lm-eval takes whole seconds"
+    )
+    max_retries: int = Field(
+        default=3, ge=1, description="attempts per request, the first included"
+    )
+    stall_timeout_s: float = Field(
+        default=900.0, gt=0, description="stop when no answer completes for this long"
+    )
+    max_consecutive_failures: int = Field(
+        default=32, ge=1, description="stop after this many failed attempts in a row"
+    )
     seed: int = 1234
     limit: int | None = Field(default=None, ge=1)
     data: DataConfig = Field(default_factory=DataConfig)
@@ -130,8 +145,12 @@ class Gsm8kConfig(StrictModel):
         }
 
 
-def load_gsm8k_config(value: str | Path, base_url: str | None = None, limit: int | None = None,
-                      data: Path | None = None) -> Gsm8kConfig:
+def load_gsm8k_config(
+    value: str | Path,
+    base_url: str | None = None,
+    limit: int | None = None,
+    data: Path | None = None,
+) -> Gsm8kConfig:
     """Config from a path or a bundled name, with the command line's overrides on top.
 
     `--base-url` means "use this running server": it replaces `server` entirely, so a
@@ -151,5 +170,7 @@ def load_gsm8k_config(value: str | Path, base_url: str | None = None, limit: int
             overrides["data"] = {**base, "dir": str(Path(data).resolve())}
     cfg = load_config(path, Gsm8kConfig, overrides)
     if cfg.data.dir is not None and not Path(cfg.data.dir).is_absolute():
-        cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"dir": str(Path(cfg.data.dir).resolve())})})
+        cfg = cfg.model_copy(
+            update={"data": cfg.data.model_copy(update={"dir": str(Path(cfg.data.dir).resolve())})}
+        )
     return cfg

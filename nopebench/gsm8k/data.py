@@ -48,7 +48,9 @@ def _check_jsonl(path: Path) -> int:
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"GSM8K data: cannot read {path} ({exc.__class__.__name__}: {exc})") from None
+        raise UsageError(
+            f"GSM8K data: cannot read {path} ({exc.__class__.__name__}: {exc})"
+        ) from None
     count = 0
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -57,10 +59,18 @@ def _check_jsonl(path: Path) -> int:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
             raise UsageError(f"GSM8K data: {path} line {number}: not JSON ({exc.msg})") from None
-        if not isinstance(row, dict) or not isinstance(row.get("question"), str) or not isinstance(row.get("answer"), str):
-            raise UsageError(f"GSM8K data: {path} line {number}: needs string fields 'question' and 'answer'")
+        if (
+            not isinstance(row, dict)
+            or not isinstance(row.get("question"), str)
+            or not isinstance(row.get("answer"), str)
+        ):
+            raise UsageError(
+                f"GSM8K data: {path} line {number}: needs string fields 'question' and 'answer'"
+            )
         if "#### " not in row["answer"]:
-            raise UsageError(f"GSM8K data: {path} line {number}: the answer does not end in '#### N'")
+            raise UsageError(
+                f"GSM8K data: {path} line {number}: the answer does not end in '#### N'"
+            )
         count += 1
     if count == 0:
         raise UsageError(f"GSM8K data: {path} holds no problems")
@@ -71,11 +81,15 @@ def check_local_data(directory: str | Path) -> LocalData:
     """train.jsonl and test.jsonl in `directory`, both well formed."""
     root = Path(directory).resolve()
     if not root.is_dir():
-        raise UsageError(f"GSM8K data: {root} is not a directory (expected train.jsonl and test.jsonl in it)")
+        raise UsageError(
+            f"GSM8K data: {root} is not a directory (expected train.jsonl and test.jsonl in it)"
+        )
     files = {split: root / f"{split}.jsonl" for split in SPLITS}
     missing = [p.name for p in files.values() if not p.is_file()]
     if missing:
-        raise UsageError(f"GSM8K data: {root} has no {' or '.join(missing)} (expected train.jsonl and test.jsonl)")
+        raise UsageError(
+            f"GSM8K data: {root} has no {' or '.join(missing)} (expected train.jsonl and test.jsonl)"
+        )
     return LocalData(root, files, {split: _check_jsonl(path) for split, path in files.items()})
 
 
@@ -98,7 +112,9 @@ def task_yaml(data: DataConfig, local: LocalData | None) -> dict[str, Any]:
         spec.update(
             dataset_path="json",
             dataset_name=None,
-            dataset_kwargs={"data_files": {split: str(path) for split, path in local.files.items()}},
+            dataset_kwargs={
+                "data_files": {split: str(path) for split, path in local.files.items()}
+            },
         )
     return spec
 
@@ -106,7 +122,9 @@ def task_yaml(data: DataConfig, local: LocalData | None) -> dict[str, Any]:
 def write_task_dir(directory: Path, data: DataConfig, local: LocalData | None) -> Path:
     """The include_path lm-eval indexes: a directory holding our one task YAML."""
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / f"{TASK_NAME}.yaml").write_text(yaml.safe_dump(task_yaml(data, local), sort_keys=False), encoding="utf-8")
+    (directory / f"{TASK_NAME}.yaml").write_text(
+        yaml.safe_dump(task_yaml(data, local), sort_keys=False), encoding="utf-8"
+    )
     return directory
 
 
@@ -122,10 +140,16 @@ def offline(enabled: bool) -> Iterator[None]:
         yield
         return
     saved_env = {name: os.environ.get(name) for name in OFFLINE_ENV}
-    flags = [(sys.modules.get("datasets.config"), "HF_HUB_OFFLINE"),
-             (sys.modules.get("datasets.config"), "HF_DATASETS_OFFLINE"),
-             (sys.modules.get("huggingface_hub.constants"), "HF_HUB_OFFLINE")]
-    saved_flags = [(mod, name, getattr(mod, name)) for mod, name in flags if mod is not None and hasattr(mod, name)]
+    flags = [
+        (sys.modules.get("datasets.config"), "HF_HUB_OFFLINE"),
+        (sys.modules.get("datasets.config"), "HF_DATASETS_OFFLINE"),
+        (sys.modules.get("huggingface_hub.constants"), "HF_HUB_OFFLINE"),
+    ]
+    saved_flags = [
+        (mod, name, getattr(mod, name))
+        for mod, name in flags
+        if mod is not None and hasattr(mod, name)
+    ]
     os.environ.update({name: "1" for name in OFFLINE_ENV})
     for mod, name, _ in saved_flags:
         setattr(mod, name, True)
@@ -167,13 +191,19 @@ def load_task(task_dir: Path, data: DataConfig, local: LocalData | None):
 
     datasets.disable_progress_bars()
     where = local.dir if local is not None else f"{data.hub_path} from the model hub"
-    with offline(local is not None), _quiet_hub_logs(), out.err_console.status(f"loading GSM8K: {where}"):
+    with (
+        offline(local is not None),
+        _quiet_hub_logs(),
+        out.err_console.status(f"loading GSM8K: {where}"),
+    ):
         manager = TaskManager(include_path=str(task_dir), include_defaults=False)
         try:
             task = manager.load([TASK_NAME])["tasks"][TASK_NAME]
         except Exception as exc:  # noqa: BLE001 - datasets raises many kinds; each becomes one line
             if local is not None:
-                raise UsageError(f"GSM8K data: cannot load {local.dir} ({_first_line(exc)})") from None
+                raise UsageError(
+                    f"GSM8K data: cannot load {local.dir} ({_first_line(exc)})"
+                ) from None
             raise UsageError(
                 f"GSM8K data: cannot load {data.hub_path} ({data.hub_name}) from the model hub or its cache "
                 f"({_first_line(exc)}); pass --data DIR with train.jsonl and test.jsonl to run offline"

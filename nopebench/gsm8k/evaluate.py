@@ -94,7 +94,11 @@ class Guard:
             if idle >= self.stall_timeout_s:
                 self.stop(
                     f"no answer completed for {self.stall_timeout_s:g} s (stall_timeout_s)"
-                    + (f"; the last failed request had {self.last_error}" if self.last_error else "")
+                    + (
+                        f"; the last failed request had {self.last_error}"
+                        if self.last_error
+                        else ""
+                    )
                 )
                 return
             await asyncio.sleep(min(1.0, self.stall_timeout_s - idle))
@@ -320,4 +324,6 @@ def run_lm_eval(cfg: Gsm8kConfig, task: Any, manager: Any, total: int, run_dir: 
             gc.collect()
     if failure is not None:
         raise EvaluationFailed(failure)
-    return Outcome(results, time.perf_counter() - start, tracker.asked, tracker.from_cache, tracker.retries)
+    return Outcome(
+        results, time.perf_counter() - start, tracker.asked, tracker.from_cache, tracker.retries
+    )

@@ -72,8 +72,9 @@ class Tracker:
             return
         note = f" ({self.from_cache} from cache)" if self.begun and self.from_cache else ""
         retries = f", {self.retries} retries" if self.retries else ""
-        self._progress.update(self._task, completed=self.finished,
-                              description=f"GSM8K answers{note}{retries}")
+        self._progress.update(
+            self._task, completed=self.finished, description=f"GSM8K answers{note}{retries}"
+        )
 
     @contextmanager
     def display(self) -> Iterator[None]:

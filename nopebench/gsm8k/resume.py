@@ -44,8 +44,10 @@ def previous_cache(resume_dir: Path, cfg: Gsm8kConfig) -> Path | None:
     current = json.loads(json.dumps(cfg.request_fingerprint()))
     for key in current:
         if saved.get(key) != current[key]:
-            raise UsageError(f"--resume {resume_dir}: that run used {key} = {saved.get(key)!r}, this one "
-                             f"{current[key]!r}; its answers would not be answers to these requests")
+            raise UsageError(
+                f"--resume {resume_dir}: that run used {key} = {saved.get(key)!r}, this one "
+                f"{current[key]!r}; its answers would not be answers to these requests"
+            )
     cache = resume_dir / CACHE_FILE
     return cache if cache.is_file() else None
 
@@ -64,11 +66,15 @@ def _check_not_running(resume_dir: Path) -> None:
     if status != "running":
         return
     if header.get("pid") is None:
-        raise UsageError(f"--resume {resume_dir}: its {RUN_FILE} says running and names no process "
-                         "to check; resume it once it has ended")
+        raise UsageError(
+            f"--resume {resume_dir}: its {RUN_FILE} says running and names no process "
+            "to check; resume it once it has ended"
+        )
     where = f"process {header['pid']} on {header.get('host')}"
-    raise UsageError(f"--resume {resume_dir}: that run is still running ({where}); stop it first, "
-                     "or resume it there once it has ended")
+    raise UsageError(
+        f"--resume {resume_dir}: that run is still running ({where}); stop it first, "
+        "or resume it there once it has ended"
+    )
 
 
 def resumed_status(resume_dir: Path) -> str | None:
@@ -97,7 +103,9 @@ def cached_answers(cache: Path) -> int:
         return 0
     try:
         with closing(sqlite3.connect(cache, timeout=10)) as conn:
-            return int(conn.execute('SELECT COUNT(*) FROM "unnamed"').fetchone()[0])  # SqliteDict's table
+            return int(
+                conn.execute('SELECT COUNT(*) FROM "unnamed"').fetchone()[0]
+            )  # SqliteDict's table
     except sqlite3.Error:
         return 0
 
@@ -105,21 +113,34 @@ def cached_answers(cache: Path) -> int:
 def save_config(run_dir: Path, cfg: Gsm8kConfig, source: str, resumed_from: Path | None) -> None:
     from nopebench.records import write_json
 
-    write_json(run_dir / CONFIG_FILE, {
-        "source": source,
-        "resumed_from": str(resumed_from) if resumed_from else None,
-        "fingerprint": cfg.request_fingerprint(),
-        "config": cfg.model_dump(),
-    })
+    write_json(
+        run_dir / CONFIG_FILE,
+        {
+            "source": source,
+            "resumed_from": str(resumed_from) if resumed_from else None,
+            "fingerprint": cfg.request_fingerprint(),
+            "config": cfg.model_dump(),
+        },
+    )
 
 
-def resume_command(config: str, base_url: str | None, limit: int | None, data: Path | None,
-                   results_dir: Path | None, run_dir: Path) -> str:
+def resume_command(
+    config: str,
+    base_url: str | None,
+    limit: int | None,
+    data: Path | None,
+    results_dir: Path | None,
+    run_dir: Path,
+) -> str:
     """The command line that continues `run_dir`: the same arguments plus --resume."""
     args: list[Any] = ["nopebench", "gsm8k", "--config", config]
     paths = [Path(p).resolve() if p is not None else None for p in (data, results_dir)]
-    for flag, value in (("--base-url", base_url), ("--limit", limit), ("--data", paths[0]),
-                        ("--results-dir", paths[1])):
+    for flag, value in (
+        ("--base-url", base_url),
+        ("--limit", limit),
+        ("--data", paths[0]),
+        ("--results-dir", paths[1]),
+    ):
         if value is not None:
             args += [flag, value]
     args += ["--resume", run_dir]

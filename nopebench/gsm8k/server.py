@@ -40,7 +40,9 @@ def _get(url: str, timeout: float) -> tuple[int, bytes]:
     """Status and body of a GET; connection problems raise OSError (URLError is one).
 
     Sends OPENAI_API_KEY as lm-eval does, so a server behind a key answers the probes too."""
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {os.environ.get('OPENAI_API_KEY', '')}"})
+    request = urllib.request.Request(
+        url, headers={"Authorization": f"Bearer {os.environ.get('OPENAI_API_KEY', '')}"}
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as resp:  # noqa: S310 - http(s) checked in config
             return resp.status, resp.read()
@@ -61,7 +63,9 @@ def served_models(base_url: str, timeout: float = 10.0) -> list[str]:
     try:
         return [str(m["id"]) for m in json.loads(body)["data"]]
     except (ValueError, KeyError, TypeError) as exc:
-        raise ServerAnswerError(f"GET /v1/models answered something that is not a model list ({exc})") from None
+        raise ServerAnswerError(
+            f"GET /v1/models answered something that is not a model list ({exc})"
+        ) from None
 
 
 def _reason(exc: BaseException) -> str:
@@ -74,7 +78,9 @@ def check_server(base_url: str, model: str) -> None:
     try:
         models = served_models(base_url)
     except ServerAnswerError as exc:  # it is there, but failing: the server's fault (exit 4)
-        raise SystemFailedError(f"server {base_url} is reachable but failing: {exc}; check its log") from None
+        raise SystemFailedError(
+            f"server {base_url} is reachable but failing: {exc}; check its log"
+        ) from None
     except OSError as exc:
         raise UsageError(
             f"server {base_url} is not reachable ({_reason(exc)}); start it, or use a config with server.launch"
@@ -85,8 +91,10 @@ def check_server(base_url: str, model: str) -> None:
 def _require_model(base_url: str, model: str, models: list[str]) -> None:
     if model not in models:
         served = ", ".join(models) or "nothing"
-        raise UsageError(f"server {base_url} does not serve model {model!r} (it serves: {served}); "
-                         "set `model` in the config to the served name")
+        raise UsageError(
+            f"server {base_url} does not serve model {model!r} (it serves: {served}); "
+            "set `model` in the config to the served name"
+        )
 
 
 def read_tail(path: Path, lines: int = TAIL_LINES) -> str:
@@ -111,7 +119,9 @@ def check_port_free(base_url: str) -> None:
             pass
     except OSError:
         return
-    raise UsageError(f"something already listens at {base_url}; stop it, or evaluate it with --base-url {base_url}")
+    raise UsageError(
+        f"something already listens at {base_url}; stop it, or evaluate it with --base-url {base_url}"
+    )
 
 
 @dataclass
@@ -176,7 +186,9 @@ def stop_server(proc: subprocess.Popen, stop_timeout_s: float) -> None:
     if _wait_group_gone(proc, time.monotonic() + stop_timeout_s):
         return
     _signal_group(pgid, signal.SIGKILL)
-    _wait_group_gone(proc, time.monotonic() + 10.0)  # unreaped zombies may outlive this; nothing left to do
+    _wait_group_gone(
+        proc, time.monotonic() + 10.0
+    )  # unreaped zombies may outlive this; nothing left to do
 
 
 @contextmanager
@@ -204,7 +216,9 @@ def _wait_ready(server: LaunchedServer, base_url: str, model: str, timeout_s: fl
         while True:
             elapsed = time.monotonic() - start
             last = read_tail(server.log_path, lines=1)[:120]
-            spinner.update(f"waiting for the server at {base_url} ({state}, {elapsed:.0f} s): {last}")
+            spinner.update(
+                f"waiting for the server at {base_url} ({state}, {elapsed:.0f} s): {last}"
+            )
             with suppress(subprocess.TimeoutExpired):
                 server.process.wait(timeout=POLL_S)
             if server.exit_code() is not None:
@@ -222,14 +236,20 @@ def _wait_ready(server: LaunchedServer, base_url: str, model: str, timeout_s: fl
             except OSError as exc:
                 state = f"not answering yet ({_reason(exc)})"[:80]
             if elapsed > timeout_s:
-                raise SystemFailedError(f"the server at {base_url} was not ready after {timeout_s:.0f} s "
-                                        f"(launch.startup_timeout_s; log: {server.log_path})")
+                raise SystemFailedError(
+                    f"the server at {base_url} was not ready after {timeout_s:.0f} s "
+                    f"(launch.startup_timeout_s; log: {server.log_path})"
+                )
 
 
 def _report_early_exit(server: LaunchedServer) -> None:
     tail = read_tail(server.log_path)
-    out.err_console.print(f"[bold]last lines of {server.log_path}:[/]", highlight=False, soft_wrap=True)
-    out.err_console.print(tail or "(empty log)", markup=False, highlight=False, style="dim", soft_wrap=True)
+    out.err_console.print(
+        f"[bold]last lines of {server.log_path}:[/]", highlight=False, soft_wrap=True
+    )
+    out.err_console.print(
+        tail or "(empty log)", markup=False, highlight=False, style="dim", soft_wrap=True
+    )
     message = f"the launched server exited with code {server.exit_code()} before it was ready (log: {server.log_path})"
     why = server.diagnosis()
     if why:
@@ -238,8 +258,9 @@ def _report_early_exit(server: LaunchedServer) -> None:
 
 
 @contextmanager
-def launched_server(launch: LaunchConfig, base_url: str, model: str, log_path: Path,
-                    env: dict[str, str]) -> Iterator[LaunchedServer]:
+def launched_server(
+    launch: LaunchConfig, base_url: str, model: str, log_path: Path, env: dict[str, str]
+) -> Iterator[LaunchedServer]:
     """Start the server with environment `env`, wait until it serves `model`, yield it, and always
     stop its process group."""
     base_url = base_url.rstrip("/")
@@ -247,10 +268,18 @@ def launched_server(launch: LaunchConfig, base_url: str, model: str, log_path: P
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log, _sigterm_as_interrupt():
         try:
-            proc = subprocess.Popen(launch.command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    env=env, start_new_session=True)
+            proc = subprocess.Popen(
+                launch.command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
         except OSError as exc:
-            raise UsageError(f"cannot start the server {launch.command[0]!r} ({exc.strerror or exc})") from None
+            raise UsageError(
+                f"cannot start the server {launch.command[0]!r} ({exc.strerror or exc})"
+            ) from None
         server = LaunchedServer(proc, log_path)
         try:
             _wait_ready(server, base_url, model, launch.startup_timeout_s)

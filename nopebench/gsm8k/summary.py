@@ -30,13 +30,16 @@ def sample_rows(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per problem: question, target, response, each filter's extraction and score."""
     rows: dict[int, dict[str, Any]] = {}
     for s in samples:
-        row = rows.setdefault(int(s["doc_id"]), {
-            "doc_id": int(s["doc_id"]),
-            "question": s["doc"]["question"],
-            "target": s["target"],
-            "response": s["resps"][0][0],
-            "prompt_hash": s.get("prompt_hash"),
-        })
+        row = rows.setdefault(
+            int(s["doc_id"]),
+            {
+                "doc_id": int(s["doc_id"]),
+                "question": s["doc"]["question"],
+                "target": s["target"],
+                "response": s["resps"][0][0],
+                "prompt_hash": s.get("prompt_hash"),
+            },
+        )
         key = _key(s["filter"])
         row[f"{key}_answer"] = s["filtered_resps"][0]
         row[f"{key}_correct"] = float(s["exact_match"])
@@ -60,8 +63,16 @@ def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
     return path
 
 
-def summarize(cfg: Gsm8kConfig, results: dict[str, Any], rows: list[dict[str, Any]], wall_s: float,
-              asked: int, from_cache: int, retries: int, full: int | None = None) -> dict[str, Any]:
+def summarize(
+    cfg: Gsm8kConfig,
+    results: dict[str, Any],
+    rows: list[dict[str, Any]],
+    wall_s: float,
+    asked: int,
+    from_cache: int,
+    retries: int,
+    full: int | None = None,
+) -> dict[str, Any]:
     """The numbers of one run, at full precision: what run.json and the table show.
 
     `full` is the number of problems in the whole set. A run of fewer (--limit) is a sample:
@@ -76,7 +87,9 @@ def summarize(cfg: Gsm8kConfig, results: dict[str, Any], rows: list[dict[str, An
     for name in FILTERS:
         summary[_key(name)] = float(metrics[f"exact_match,{name}"])
         stderr = metrics.get(f"exact_match_stderr,{name}")
-        summary[f"{_key(name)}_stderr"] = float(stderr) if isinstance(stderr, (int, float)) else None
+        summary[f"{_key(name)}_stderr"] = (
+            float(stderr) if isinstance(stderr, (int, float)) else None
+        )
     summary.update(
         invalid_answers=invalid,
         invalid_rate=invalid / n if n else 0.0,
@@ -89,7 +102,10 @@ def summarize(cfg: Gsm8kConfig, results: dict[str, Any], rows: list[dict[str, An
         of=full if full is not None else n,
         judged=full is None or n >= full,
         passed=summary["strict_match"] >= cfg.threshold if full is None or n >= full else None,
-        reference=[{"label": r.label, "strict_match": r.strict_match, "range": r.range} for r in cfg.reference],
+        reference=[
+            {"label": r.label, "strict_match": r.strict_match, "range": r.range}
+            for r in cfg.reference
+        ],
     )
     return summary
 
@@ -115,9 +131,13 @@ def print_summary(cfg: Gsm8kConfig, summary: dict[str, Any], run_path: Path) -> 
     if s.get("judged", True):
         rows.append((f"threshold (strict-match >= {cfg.threshold:.4f})", out.verdict(s["passed"])))
     else:
-        rows.append((f"threshold (strict-match >= {cfg.threshold:.4f})",
-                     f"not judged: {s['n']} of {s['of']} problems, a sample (--limit); "
-                     "the threshold is for the full run"))
+        rows.append(
+            (
+                f"threshold (strict-match >= {cfg.threshold:.4f})",
+                f"not judged: {s['n']} of {s['of']} problems, a sample (--limit); "
+                "the threshold is for the full run",
+            )
+        )
     title = f"GSM8K {cfg.name}: {cfg.model} via /v1/{'chat/completions' if cfg.api == 'chat' else 'completions'}"
     out.console.print(out.table(title, ["", "value"], rows))
     out.console.print(f"results: {run_path}")
