@@ -3,55 +3,190 @@ imported lazily so `nopebench --help` and a bad argument never pay for torch or 
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from typer.core import TyperGroup
 
+try:  # the click typer uses: its own copy in newer releases, the click package before
+    from typer.core import _click as click
+except ImportError:
+    import click
+
+from nopebench import __version__
 from nopebench.commands import options as o
-from nopebench.errors import EXIT_USAGE, UsageError
+from nopebench.errors import (
+    EXIT_INTERRUPTED,
+    EXIT_SYSTEM_FAILED,
+    EXIT_USAGE,
+    NopebenchError,
+)
+
+PROG = "nopebench"
+# click 8.2+ raises this for a bare `nopebench`; older click shows the help by itself.
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
+class _OneLineErrors(TyperGroup):
+    """Click's and typer's own errors (an unknown flag, a value out of range) as the one line
+    every other error is, instead of typer's boxed usage text; exit 2, as click gives them."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        try:
+            code = super().main(
+                args=args,
+                prog_name=prog_name or PROG,
+                complete_var=complete_var,
+                standalone_mode=False,
+                **extra,
+            )
+        except _NO_ARGS_IS_HELP as exc:
+            click.echo(exc.ctx.get_help())
+            sys.exit(EXIT_USAGE)
+        except click.ClickException as exc:
+            from nopebench.console import error_line
+
+            ctx = getattr(exc, "ctx", None)
+            where = f" (see `{ctx.command_path} -h`)" if ctx is not None else ""
+            error_line(f"{exc.format_message().rstrip('.')}{where}")
+            sys.exit(exc.exit_code)
+        except typer.Abort:
+            from nopebench.console import error_line
+
+            error_line("interrupted")
+            sys.exit(EXIT_INTERRUPTED)
+        sys.exit(code if isinstance(code, int) else 0)
+
 
 app = typer.Typer(
-    help="Validate and benchmark NoPE sparse MLA (GLM-5.3-Flash) on FlashInfer's sparse MLA backends.",
+    cls=_OneLineErrors,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        print(f"{PROG} {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="Print the version and exit.",
+        ),
+    ] = False,
+) -> None:
+    """Validate and benchmark NoPE sparse MLA (GLM-5.3-Flash) on FlashInfer's sparse MLA backends.
+
+    Exit codes: 0 ok, 1 a check failed, 2 bad input, 3 this machine cannot run that, 4 the
+    server or machine failed, 130 interrupted.
+    """
+
 
 ModelOpt = Annotated[
     str,
     typer.Option(
-        "--model", "-m", help="Model config: a YAML path or a name under configs/models/."
+        "--model",
+        "-m",
+        help="Model config: a YAML path or a bundled name (glm53-flash, glm5, dsv32).",
     ),
 ]
 BenchModelOpt = Annotated[
     str | None, typer.Option("--model", "-m", help="Model config, replacing the bench config's.")
 ]
 JsonOpt = Annotated[
-    bool, typer.Option("--json", help="Also print the result records as JSON on stdout.")
+    bool,
+    typer.Option("--json", help="Print the result records as JSON on stdout; tables go to stderr."),
 ]
 ResultsOpt = Annotated[
-    Path | None, typer.Option("--results-dir", help="Root for run directories (default: results/).")
+    Path | None,
+    typer.Option("--results-dir", help="Root for run directories (default: ./results)."),
 ]
 
 
-def _dispatch(fn: Callable[[], int]) -> None:
-    """Run a command body; bad input is one line on stderr and exit 2, never a traceback."""
+def _dispatch(fn: Callable[[], int], json_out: bool = False) -> None:
+    """Run a command body and exit with its code. Every error is one line on stderr with its
+    exit code (errors.py), never a traceback, and a run directory the command had opened gets
+    the status it ended in (`error`, `interrupted`) instead of staying `running`.
+
+    With `json_out` stdout carries only the JSON document; tables and status go to stderr.
+    """
+    from nopebench import console as out
+
     try:
-        code = fn()
-    except UsageError as exc:
-        from nopebench.console import error_line
-
-        error_line(str(exc))
-        raise typer.Exit(EXIT_USAGE) from None
+        with out.data_on_stdout(json_out):
+            code = fn()
+    except NopebenchError as exc:
+        _close_open_runs("error", str(exc))
+        out.error_line(str(exc))
+        raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
-        from nopebench.console import error_line
-
-        error_line("interrupted")
-        raise typer.Exit(130) from None
+        _close_open_runs("interrupted", "interrupted")
+        out.error_line("interrupted")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    except OSError as exc:
+        if exc.errno == errno.EPIPE:  # the reader of a pipe went away: nothing left to say
+            _close_open_runs("interrupted", "output pipe closed")
+            with contextlib.suppress(OSError):  # no second complaint when Python flushes stdout
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+        message, code = describe_os_error(exc)
+        _close_open_runs("error", message)
+        out.error_line(message)
+        raise typer.Exit(code) from None
+    except BaseException as exc:
+        _close_open_runs("error", f"{type(exc).__name__}: {exc}")
+        raise
     raise typer.Exit(code)
+
+
+# A path or permission problem is the user's to fix (exit 2); the rest (a full disk, an I/O
+# error) is the machine failing (exit 4).
+_PATH_ERRNOS = {
+    errno.ENOENT,
+    errno.ENOTDIR,
+    errno.EISDIR,
+    errno.EEXIST,
+    errno.EACCES,
+    errno.EPERM,
+    errno.EROFS,
+    errno.ENAMETOOLONG,
+    errno.ELOOP,
+    errno.ENOTEMPTY,
+}
+
+
+def describe_os_error(exc: OSError) -> tuple[str, int]:
+    """One line and an exit code for an OSError that reached the command line."""
+    what = exc.strerror or str(exc)
+    where = f"{exc.filename}: " if exc.filename is not None else ""
+    code = EXIT_USAGE if exc.errno in _PATH_ERRNOS else EXIT_SYSTEM_FAILED
+    return f"{where}{what}", code
+
+
+def _close_open_runs(status: str, error: str) -> None:
+    """Give every run directory still `running` in this process its final status. records is
+    looked up, not imported: if it was never imported, no run directory was opened."""
+    records = sys.modules.get("nopebench.records")
+    if records is not None:
+        records.close_open_runs(status, error)
 
 
 @app.command()
@@ -100,7 +235,7 @@ def verify_layout(
     from nopebench.commands import verify_layout as command
 
     opts = o.VerifyLayoutOptions(model, impl, tokens, seed, sweep, o.Output(results_dir, json_out))
-    _dispatch(lambda: command.execute(opts))
+    _dispatch(lambda: command.execute(opts), json_out)
 
 
 @app.command("check-pagetable")
@@ -114,7 +249,7 @@ def check_pagetable(
     from nopebench.commands import check_pagetable as command
 
     opts = o.CheckPagetableOptions(model, seed, o.Output(results_dir, json_out))
-    _dispatch(lambda: command.execute(opts))
+    _dispatch(lambda: command.execute(opts), json_out)
 
 
 @app.command("bench-decode")
@@ -122,7 +257,7 @@ def bench_decode(
     config: Annotated[
         str,
         typer.Option(
-            "--config", "-c", help="Bench config: a YAML path or a name under configs/bench/."
+            "--config", "-c", help="Bench config: a YAML path or a bundled name (h200-nope)."
         ),
     ] = o.DEFAULT_BENCH_CONFIG,
     model: BenchModelOpt = None,
@@ -168,7 +303,7 @@ def bench_decode(
         widths=tuple(width or ()),
         modes=tuple(mode or ()),
     )
-    _dispatch(lambda: command.execute(opts))
+    _dispatch(lambda: command.execute(opts), json_out)
 
 
 @app.command("bench-cache")
@@ -197,7 +332,8 @@ def bench_cache(
                 quick=quick,
                 output=o.Output(results_dir, json_out),
             )
-        )
+        ),
+        json_out,
     )
 
 
@@ -206,7 +342,9 @@ def gsm8k(
     config: Annotated[
         str,
         typer.Option(
-            "--config", "-c", help="GSM8K config: a YAML path or a name under configs/gsm8k/."
+            "--config",
+            "-c",
+            help="GSM8K config: a YAML path or a bundled name (glm53-flash-nvfp4-tp4).",
         ),
     ],
     base_url: Annotated[
@@ -283,7 +421,7 @@ def report(
     output: Annotated[
         Path | None,
         typer.Option(
-            "--output", "-o", help="Report directory (default: a new one under results/report/)."
+            "--output", "-o", help="Report directory (default: a new one under ./results/report/)."
         ),
     ] = None,
     results_dir: ResultsOpt = None,
@@ -294,8 +432,29 @@ def report(
     _dispatch(lambda: command.execute(o.ReportOptions(tuple(runs or ()), output, results_dir)))
 
 
+def _sigterm_as_interrupt() -> None:
+    """`kill` (SIGTERM) ends a command the way Ctrl-C does: cleanup runs, run.json says
+    `interrupted`, exit 130."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def main() -> None:
+    _sigterm_as_interrupt()
     try:
         app()
-    except SystemExit as exc:  # click turns usage errors into exit 2 already
-        sys.exit(exc.code)
+    except SystemExit as exc:
+        if exc.code != EXIT_INTERRUPTED:
+            raise
+        # Exit 130 as documented. Leaving through the interpreter instead can end the process
+        # by SIGINT (status -2) when the KeyboardInterrupt passed through an extension's own
+        # Python call on its way here, although it was handled.
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(EXIT_INTERRUPTED)

@@ -7,6 +7,8 @@ is allowed; the CLI turns it into exit code 2.
 
 from __future__ import annotations
 
+import os
+from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -17,9 +19,13 @@ from nopebench import geometry
 from nopebench.errors import UsageError
 from nopebench.geometry import ScaleFormat
 
+# The source checkout (for git and the developer tools); an installed package has none.
 REPO_ROOT = Path(__file__).resolve().parent.parent
-CONFIG_ROOT = REPO_ROOT / "configs"
+# The bundled configs ship inside the package, so a name such as `glm53-flash` resolves the
+# same from a checkout, an editable install or a wheel installed anywhere.
+CONFIG_ROOT = Path(str(resources.files("nopebench") / "configs"))
 DEFAULT_MODEL = "glm53-flash"
+NAME_MAX = 255  # bytes in one path component
 
 
 class StrictModel(BaseModel):
@@ -97,26 +103,66 @@ class ModelConfig(StrictModel):
 Cfg = TypeVar("Cfg", bound=BaseModel)
 
 
+def check_path_length(path: str | Path, what: str = "") -> None:
+    """A path that no file system takes (a component over 255 bytes) is one line, naming the
+    option it came from (`what`), instead of an OSError from the first stat."""
+    for part in Path(path).parts:
+        size = len(os.fsencode(part))
+        if size > NAME_MAX:
+            shown = str(path) if len(str(path)) <= 80 else str(path)[:77] + "..."
+            raise UsageError(
+                f"{what + ' ' if what else ''}{shown}: a path component is {size} bytes long; "
+                f"file systems allow {NAME_MAX}"
+            )
+
+
 def resolve_config_path(value: str | Path, kind: str) -> Path:
-    """A path as given, or a bundled config name such as `glm53-flash` under configs/<kind>/."""
+    """A path as given, or a bundled config name such as `glm53-flash` (shipped in the
+    package's configs/<kind>/)."""
     path = Path(value)
+    check_path_length(path)
     if path.suffix in (".yaml", ".yml") or path.exists() or len(path.parts) > 1:
         return path
     return CONFIG_ROOT / kind / f"{value}.yaml"
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error: the
+    plain loader keeps the last one silently, so a config could say two things at once."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, Any] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.get(key)
+                except TypeError:  # an unhashable key: the base class reports it
+                    continue
+                if first is not None:
+                    raise yaml.constructor.ConstructorError(
+                        None,
+                        None,
+                        f"duplicate key {key!r} (first given at line {first.line + 1})",
+                        key_node.start_mark,
+                    )
+                seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml_mapping(path: Path) -> dict[str, Any]:
     """Parse a YAML file that must hold a mapping; every failure is one-line `UsageError`."""
-    if not path.exists():
-        raise UsageError(f"{path}: config file not found")
-    if not path.is_file():
-        raise UsageError(f"{path}: not a file")
+    check_path_length(path)
     try:
+        if not path.exists():
+            raise UsageError(f"{path}: config file not found")
+        if not path.is_file():
+            raise UsageError(f"{path}: not a file")
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"{path}: cannot read ({exc.__class__.__name__}: {exc})") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -155,5 +201,5 @@ def load_config(path: str | Path, cls: type[Cfg], overrides: dict[str, Any] | No
 
 
 def load_model_config(value: str | Path) -> ModelConfig:
-    """A model config from a path or a bundled name (configs/models/<name>.yaml)."""
+    """A model config from a path or a bundled name (nopebench/configs/models/<name>.yaml)."""
     return load_config(resolve_config_path(value, "models"), ModelConfig)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from nopebench.errors import UsageError
-from nopebench.records import RUN_FILE, read_run
+from nopebench.records import RUN_FILE, read_run, run_status
 
 KIND_ORDER = ("run", "verify-layout", "check-pagetable", "bench-decode", "bench-cache", "gsm8k")
 EXCLUDED_KINDS = {"report"}
@@ -29,8 +29,9 @@ def _is_run(path: Path) -> bool:
 
 
 def _finished(path: Path) -> bool:
+    """Ended with a status of its own: not `running`, and not `died` (running, process gone)."""
     try:
-        return read_run(path).get("status") != "running"
+        return run_status(read_run(path)) not in ("running", "died")
     except (OSError, json.JSONDecodeError):
         return False
 
@@ -116,7 +117,7 @@ def section_environment(runs: list[Path]) -> str:
         rows.append(
             [
                 h.get("kind"),
-                h.get("status"),
+                run_status(h),
                 h.get("timestamp"),
                 h.get("gpu") or "none (CPU)",
                 h.get("driver"),
@@ -145,12 +146,17 @@ def section_environment(runs: list[Path]) -> str:
 
 
 def section_run(run: Path, assets: Path) -> str:
-    steps = read_run(run).get("summary", {}).get("steps") or json.loads(
-        (run / "steps.json").read_text()
-    )
-    return "## Main job (`nopebench run`)\n\n" + md_table(
+    header = read_run(run)
+    steps = (header.get("summary") or {}).get("steps")
+    if steps is None and (run / "steps.json").is_file():  # a job that ended before its summary
+        steps = json.loads((run / "steps.json").read_text())
+    title = "## Main job (`nopebench run`)\n\n"
+    status = run_status(header)
+    if status not in ("passed", "failed"):
+        title += f"Status: **{status}**; the steps below are those that ended.\n\n"
+    return title + md_table(
         ["step", "result", "seconds", "detail"],
-        [[s["step"], s["status"], s["seconds"], s["detail"]] for s in steps],
+        [[s["step"], s["status"], s["seconds"], s["detail"]] for s in steps or []],
     )
 
 

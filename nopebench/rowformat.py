@@ -16,6 +16,10 @@ import torch
 from nopebench import geometry as g
 
 FLT_MIN = torch.finfo(torch.float32).tiny  # smallest normal fp32: keeps all-zero tiles finite
+# Rows packed or dequantized at a time on the CPU, where every fp32 intermediate would otherwise
+# take 2 KB a row at once (2 GB each at 2**20 tokens). Rows are independent, so the result is
+# the same bit for bit; on a GPU everything is one pass, as a timed reference should be.
+CPU_CHUNK_ROWS = 1 << 16
 POW2_FLOOR = 1e-4  # pow2 scales never go below 2**ceil(log2(1e-4)) = 2**-13
 SCALE_FORMATS, ARBITRARY_FP32, POW2_FP32 = g.SCALE_FORMATS, g.ARBITRARY_FP32, g.POW2_FP32
 ScaleFormat = g.ScaleFormat
@@ -98,7 +102,8 @@ def write_cache(
             "kv_c, k_pe, slot_mapping and cache must share a device, got "
             f"{[str(d) for d in devices]} and {cache.device}"
         )
-    rows = pack_rows(kv_c, k_pe, scale_format, row_bytes)
+    check_write_inputs(kv_c, k_pe, row_bytes)
+    check_scale_format(scale_format)
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
     capacity = cache.shape[0] * cache.shape[1]
@@ -111,7 +116,15 @@ def write_cache(
             raise ValueError(
                 "slot_mapping writes the same slot twice; which row wins would be unspecified"
             )
-    cache.view(capacity, row_bytes)[slots] = rows[keep]
+    flat = cache.view(capacity, row_bytes)
+    step = CPU_CHUNK_ROWS if cache.device.type == "cpu" else max(1, kv_c.shape[0])
+    for start in range(0, kv_c.shape[0], step):
+        stop = start + step
+        part = pack_rows(
+            kv_c[start:stop], None if k_pe is None else k_pe[start:stop], scale_format, row_bytes
+        )
+        mask = keep[start:stop]
+        flat[slot_mapping[start:stop][mask].long()] = part[mask]
 
 
 def split_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -179,12 +192,14 @@ def gather_upconvert(
     for rope_dim 0 whatever the tail bytes hold.
     """
     plan = gather_plan(cache, block_table, workspace_starts, total_rows, rope_dim, seq_starts)
-    rows = cache.view(-1, cache.shape[-1])[plan]
-    latent, rope = dequantize_rows(rows)
+    flat = cache.view(-1, cache.shape[-1])
     out = torch.zeros(total_rows, g.UPCONVERT_DIM, dtype=torch.bfloat16, device=cache.device)
-    out[:, : g.LATENT_DIM] = latent
-    if rope_dim:
-        out[:, g.LATENT_DIM :] = rope
+    step = CPU_CHUNK_ROWS if cache.device.type == "cpu" else max(1, total_rows)
+    for start in range(0, total_rows, step):
+        latent, rope = dequantize_rows(flat[plan[start : start + step]])
+        out[start : start + step, : g.LATENT_DIM] = latent
+        if rope_dim:
+            out[start : start + step, g.LATENT_DIM :] = rope
     return out
 
 

@@ -18,7 +18,8 @@ It counts requests received and answered per question, which is how the tests pr
 question is asked twice. `hang_after=N` answers exactly N requests and makes every later one
 hang, so a client can be killed part-way at a known point with nothing in flight but hung
 requests. `crash_after=N` (script mode) prints a known NoPE crash signature and exits after N
-answers, like a server whose kernel rejected a call.
+answers, like a server whose kernel rejected a call. `models_status=500` makes GET /v1/models
+fail with that status: a server that is up but broken.
 
 It also serves `/metrics` with vLLM's finished-request counter (`vllm:request_success_total`,
 finish reason `stop`) counting its answers, unless `metrics=False`.
@@ -115,6 +116,7 @@ class FakeOpenAIServer:
         hang_after: int | None = None,
         crash_after: int | None = None,
         metrics: bool = True,
+        models_status: int = 200,
     ) -> None:
         self.answers = {p.question: p.answer for p in problems}
         self.scripts = {q: list(s) for q, s in (scripts or {}).items()}
@@ -126,6 +128,7 @@ class FakeOpenAIServer:
         self.crash_after = crash_after
         self.metrics = metrics
         self.log_requests = False  # print each request's question (the launched child's log)
+        self.models_status = models_status  # anything but 200: GET /v1/models fails with it
         self._reserved = 0  # answers promised so far (decided on receipt, for hang_after)
         self.received: Counter[str] = Counter()
         self.answered: Counter[str] = Counter()
@@ -200,6 +203,8 @@ class FakeOpenAIServer:
         return web.Response(text="")
 
     async def _models(self, request: web.Request) -> web.Response:
+        if self.models_status != 200:
+            return web.json_response({"error": "scripted failure"}, status=self.models_status)
         return web.json_response(
             {"object": "list", "data": [{"id": self.model, "object": "model"}]}
         )

@@ -14,6 +14,7 @@ from nopebench.bench.decode_runner import describe
 from nopebench.bench.timing import Ceilings
 from nopebench.cli import app
 from nopebench.commands import bench_decode
+from nopebench.errors import EXIT_UNSUPPORTED, EXIT_USAGE
 from nopebench.impls import registry
 
 runner = CliRunner()
@@ -122,7 +123,7 @@ def test_a_filter_matching_nothing_is_one_line_and_exit_2_even_without_a_gpu(
     tmp_path, args, needle
 ):
     result = runner.invoke(app, ["bench-decode", *args, "--results-dir", str(tmp_path)])
-    assert result.exit_code == 2
+    assert result.exit_code == EXIT_USAGE
     assert needle in result.output and len(result.output.strip().splitlines()) == 1
     assert not (tmp_path / "bench-decode").exists()
 
@@ -130,5 +131,5 @@ def test_a_filter_matching_nothing_is_one_line_and_exit_2_even_without_a_gpu(
 def test_without_a_gpu_valid_filters_end_in_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(environment, "gpu_info", lambda: {"gpu": None, "sm": None})
     result = runner.invoke(app, ["bench-decode", "--heads", "16", "--results-dir", str(tmp_path)])
-    assert result.exit_code == 2 and "needs a CUDA GPU" in result.output
+    assert result.exit_code == EXIT_UNSUPPORTED and "needs a CUDA GPU" in result.output
     assert not (tmp_path / "bench-decode").exists()

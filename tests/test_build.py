@@ -16,7 +16,7 @@ from nopebench.cache_kernels.library import ABI_VERSION, declare
 from nopebench.cli import app
 from nopebench.commands import build as command
 from nopebench.commands.options import BuildOptions
-from nopebench.errors import UnsupportedError, UsageError
+from nopebench.errors import SystemFailedError, UnsupportedError, UsageError
 
 HAS_NVCC = b.find_nvcc() is not None
 needs_nvcc = pytest.mark.skipif(not HAS_NVCC, reason="nvcc not found")
@@ -189,9 +189,29 @@ def test_build_command_prints_compiler_output_then_raises(monkeypatch, capsys):
         )
 
     monkeypatch.setattr(command, "build_libraries", failing)
-    with pytest.raises(UsageError, match="nvcc failed for sm_90a"):
+    with pytest.raises(SystemFailedError, match="nvcc failed for sm_90a"):
         command.execute(BuildOptions(arch=None, compile_only=True, force=False))
     assert "1 error detected" in capsys.readouterr().err
+
+
+def test_a_failing_compiler_exits_4_in_one_line(monkeypatch):
+    def failing(*args, **kwargs):
+        raise b.BuildError("nvcc failed for sm_90a (exit 1): x.cu(3): error: boom", "log", None)
+
+    monkeypatch.setattr(command, "build_libraries", failing)
+    result = CliRunner().invoke(app, ["build", "--arch", "sm_90a"])
+    assert result.exit_code == 4  # the toolchain failed, not the input
+    assert result.stderr.splitlines()[-1] == (
+        "nopebench: error: nvcc failed for sm_90a (exit 1): x.cu(3): error: boom"
+    )
+
+
+def test_build_without_gpu_or_arch_exits_3(monkeypatch):
+    monkeypatch.setattr(command, "_local_target", lambda: None)
+    result = CliRunner().invoke(app, ["build"])
+    assert result.exit_code == 3 and result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    assert "no CUDA GPU" in line and "--compile-only" in line
 
 
 def test_build_without_gpu_needs_compile_only(monkeypatch):

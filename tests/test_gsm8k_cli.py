@@ -10,7 +10,7 @@ import pytest
 from fake_openai_server import FakeOpenAIServer, write_dataset
 from gsm8k_helpers import free_port, nopebench_cli, write_config
 
-from nopebench.errors import EXIT_USAGE
+from nopebench.errors import EXIT_SYSTEM_FAILED, EXIT_USAGE
 
 
 @pytest.fixture
@@ -139,7 +139,7 @@ def test_a_failed_run_says_how_to_resume_and_that_command_works(tmp_path, env):
             str(tmp_path / "results"),
             env=env,
         )
-        assert failed.returncode == EXIT_USAGE
+        assert failed.returncode == EXIT_SYSTEM_FAILED
         line = _one_error_line(failed)
         assert "GSM8K stopped with 4 of 5 answers kept" in line
         hint = shlex.split(line.split("resume with: ", 1)[1])

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nopebench.config import REPO_ROOT
+from nopebench.config import CONFIG_ROOT
 from nopebench.errors import UsageError
 from nopebench.gsm8k.config import load_gsm8k_config
 from nopebench.gsm8k.evaluate import model_args
@@ -49,7 +49,7 @@ def test_bundled_config_is_the_upstream_setup():
 
 
 @pytest.mark.parametrize(
-    "path", sorted((REPO_ROOT / "configs" / "gsm8k").glob("*.yaml")), ids=lambda p: p.stem
+    "path", sorted((CONFIG_ROOT / "gsm8k").glob("*.yaml")), ids=lambda p: p.stem
 )
 def test_every_bundled_config_loads(path):
     cfg = load_gsm8k_config(path)

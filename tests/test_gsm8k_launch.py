@@ -24,7 +24,7 @@ from gsm8k_helpers import (
 
 from nopebench.commands import gsm8k
 from nopebench.commands.options import Gsm8kOptions
-from nopebench.errors import EXIT_OK, UsageError
+from nopebench.errors import EXIT_OK, SystemFailedError, UsageError
 from nopebench.gsm8k.config import LaunchConfig
 from nopebench.gsm8k.server import launched_server
 
@@ -82,7 +82,7 @@ def test_early_exit_shows_the_log_tail_and_names_the_missing_fix(tmp_path, capsy
         "raise SystemExit(3)"
     )
     cfg = _launch_config(tmp_path, [sys.executable, "-c", code])
-    with pytest.raises(UsageError) as err:
+    with pytest.raises(SystemFailedError) as err:
         gsm8k.execute(
             Gsm8kOptions(str(cfg), None, None, _data(tmp_path), None, tmp_path / "results")
         )
@@ -102,7 +102,7 @@ def test_startup_timeout_stops_the_server(tmp_path):
     cfg = _launch_config(
         tmp_path, _shell(f"echo $$ > {tmp_path}/leader; exec sleep 300"), startup_timeout_s=1.0
     )
-    with pytest.raises(UsageError, match=r"was not ready after 1 s"):
+    with pytest.raises(SystemFailedError, match=r"was not ready after 1 s"):
         gsm8k.execute(
             Gsm8kOptions(str(cfg), None, None, _data(tmp_path), None, tmp_path / "results")
         )
@@ -126,7 +126,7 @@ def test_server_dying_mid_run_is_explained_and_resumable(tmp_path):
     )
     text = cfg.read_text().replace("max_retries: 3", "max_retries: 2")
     cfg.write_text(text)
-    with pytest.raises(UsageError) as err:
+    with pytest.raises(SystemFailedError) as err:
         gsm8k.execute(
             Gsm8kOptions(str(cfg), None, None, tmp_path / "data", None, tmp_path / "results")
         )

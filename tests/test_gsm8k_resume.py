@@ -23,7 +23,7 @@ from gsm8k_helpers import (
 from nopebench.commands import gsm8k
 from nopebench.commands.options import Gsm8kOptions
 from nopebench.config import REPO_ROOT
-from nopebench.errors import EXIT_OK, UsageError
+from nopebench.errors import EXIT_OK, SystemFailedError, UsageError
 
 CACHE = "requests_rank0.db"
 
@@ -39,7 +39,7 @@ def test_hard_failure_keeps_answers_and_resume_asks_only_the_rest(tmp_path):
     results = tmp_path / "results"
     with FakeOpenAIServer(problems, {failing: ["http500_last"]}) as server:
         cfg = write_config(tmp_path / "cfg.yaml", server.base_url, max_retries=2)
-        with pytest.raises(UsageError) as err:
+        with pytest.raises(SystemFailedError) as err:
             gsm8k.execute(Gsm8kOptions(str(cfg), None, None, tmp_path / "data", None, results))
         message = str(err.value)
         failed_run = only_run(results)

@@ -529,7 +529,13 @@ def test_the_cuda_kernels_number_the_scale_formats_in_rowformat_order():
 
     from nopebench.cache_kernels.ops import SCALE_FORMAT_CODES
 
-    header = (Path(__file__).parent.parent / "kernels" / "ds_mla_numerics.cuh").read_text()
+    header = (
+        Path(__file__).parent.parent
+        / "nopebench"
+        / "cache_kernels"
+        / "cuda"
+        / "ds_mla_numerics.cuh"
+    ).read_text()
     enum = re.search(r"enum ScaleFormat : int \{([^}]*)\}", header).group(1)
     codes = {name: int(code) for name, code in re.findall(r"k(\w+) = (\d+)", enum)}
     expected = {

@@ -55,13 +55,22 @@ def recorded(monkeypatch):
 
 def test_run_passes_model_and_gsm8k_config_to_every_step(recorded, tmp_path):
     result = CliRunner().invoke(
-        app, ["run", "--model", "dsv32", "--gsm8k", "my-gsm8k.yaml", "--results-dir", str(tmp_path)]
+        app,
+        [
+            "run",
+            "--model",
+            "dsv32",
+            "--gsm8k",
+            "glm53-flash-nvfp4-tp4",
+            "--results-dir",
+            str(tmp_path),
+        ],
     )
     assert result.exit_code == 0, result.output
     assert set(recorded) == set(STEPS.values())  # every step ran
     for kind in (VerifyLayoutOptions, CheckPagetableOptions, BenchDecodeOptions):
         assert recorded[kind].model == "dsv32"
-    assert recorded[Gsm8kOptions].config == "my-gsm8k.yaml"
+    assert recorded[Gsm8kOptions].config == "glm53-flash-nvfp4-tp4"
     run_dir = next((tmp_path / "run").iterdir())
     for opts in recorded.values():  # each step writes inside this run's directory
         output = getattr(opts, "output", None)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # check-pagetable on a GPU machine (the H200), from the repository root:
-#   1. nopebench check-pagetable --model configs/models/glm53-flash.yaml (graph capture included)
+#   1. nopebench check-pagetable --model nopebench/configs/models/glm53-flash.yaml (graph capture included)
 #   2. a smoke test of the fa3 adapters (bf16 and fp8; NoPE and the zero-padded shim; H 16, 64)
 #      against the reference, printed as a table
 #   3. the sparse/pagetable tests, GPU ones included
@@ -36,7 +36,7 @@ import torch, flashinfer, os
 print("torch", torch.__version__, "cuda", torch.version.cuda, "gpu", torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
 print("flashinfer", flashinfer.__version__, "FLASHINFER_WORKSPACE_BASE", os.environ.get("FLASHINFER_WORKSPACE_BASE"))'
 
-step "check-pagetable" python3 -m nopebench check-pagetable --model configs/models/glm53-flash.yaml \
+step "check-pagetable" python3 -m nopebench check-pagetable --model nopebench/configs/models/glm53-flash.yaml \
     --results-dir "$RESULTS_ROOT"
 
 step "fa3 adapter smoke test" python3 tools/pagetable_smoke.py flashinfer-fa3-bf16 flashinfer-fa3-fp8

@@ -1,8 +1,11 @@
-"""Compile kernels/ into a plain CUDA shared library, cached by what decides the binary.
+"""Compile the CUDA sources in cache_kernels/cuda/ into a plain shared library, cached by
+what decides the binary.
 
 A plain library (extern "C" launchers, no torch headers) is the binding that compiles on the
-CPU-only CI machines (nvcc is all it needs). One library per target architecture lives in
-`build/kernels/<target>-<hash>/`, where the hash covers the sources, the flags, the nvcc
+CPU-only CI machines (nvcc is all it needs). The sources ship inside the package. One library
+per target architecture lives in `build/kernels/<target>-<hash>/` of a source checkout (or,
+for an installed package, under the user's cache directory), where the hash covers the
+sources (by file name and content), the flags, the nvcc
 version and the target: an unchanged tree never calls nvcc again, and a changed one never
 loads a stale binary. Each directory is built under a temporary name and renamed into place,
 so an interrupted or concurrent build never leaves a half-written library behind.
@@ -26,11 +29,22 @@ from functools import cache
 from pathlib import Path
 
 from nopebench.config import REPO_ROOT
-from nopebench.errors import UnsupportedError, UsageError
+from nopebench.errors import SystemFailedError, UnsupportedError, UsageError
 
-SOURCE_DIR = REPO_ROOT / "kernels"
+SOURCE_DIR = Path(__file__).resolve().parent / "cuda"
 LIBRARY_SOURCE = "cache_kernels.cu"
-DEFAULT_ROOT = REPO_ROOT / "build" / "kernels"
+
+
+def _default_root() -> Path:
+    """build/kernels in a source checkout; else $XDG_CACHE_HOME (or ~/.cache)/nopebench/kernels,
+    since an installed package's directory is no place for build output."""
+    if (REPO_ROOT / "pyproject.toml").is_file():
+        return REPO_ROOT / "build" / "kernels"
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "nopebench" / "kernels"
+
+
+DEFAULT_ROOT = _default_root()
 LIBRARY_NAME = "libnopecache.so"
 BUILD_RECORD = "build.json"
 COMPILE_ONLY_TARGETS = ("sm_90a", "sm_100a", "sm_120a")
@@ -55,8 +69,9 @@ TARGET_RE = re.compile(r"^sm_(\d{2,3})([af]?)$")
 ARCH_SPECIFIC = {(9, 0): "sm_90a", (10, 0): "sm_100a", (12, 0): "sm_120a"}
 
 
-class BuildError(UsageError):
-    """nvcc failed. The message is one line; `log` holds the compiler's full output."""
+class BuildError(SystemFailedError):
+    """nvcc failed on the sources (the toolchain failed, not the input: exit 4). The message
+    is one line; `log` holds the compiler's full output."""
 
     def __init__(self, summary: str, log: str, log_path: Path | None) -> None:
         super().__init__(summary)

@@ -15,7 +15,7 @@ import torch
 from nopebench.cache_kernels.build import build_library, target_for_capability
 from nopebench.errors import UnsupportedError
 
-ABI_VERSION = 2  # must equal kAbiVersion in kernels/cache_kernels.cuh
+ABI_VERSION = 2  # must equal kAbiVersion in cuda/cache_kernels.cuh
 
 _i32, _i64, _ptr = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
 SIGNATURES = {

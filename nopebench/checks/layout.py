@@ -121,6 +121,42 @@ def sweep_cases(
 # ---------------------------------------------------------------- inputs
 
 
+GEN_CHUNK = 1 << 16  # tokens of latent drawn at a time (bounds generation's working memory)
+CHECK_CHUNK = 1 << 14  # written tokens, or gathered rows, checked at a time
+MAX_TOKENS = 1 << 20  # the documented maximum of --tokens, measured in results/reference/cpu-limits
+# Host memory a case takes beyond its per-token buffers: the process itself and the working
+# set of one generation chunk and one check chunk. Set from measured peaks (peak RSS 1.96 GiB
+# at 65536 tokens, 2.17 GiB at 262144, 4.06 GiB at 1048576), so the estimate stays above them.
+MEMORY_FIXED_BYTES = int(1.9 * (1 << 30))
+
+
+def memory_per_token(case: LayoutCase) -> int:
+    """Host bytes a case holds per token while it is checked: the writer's input buffer, the
+    cache rows and the gathered bf16 output, all alive at once."""
+    width = g.LATENT_DIM + (g.ROPE_DIM if case.rope_dim else 0)
+    inputs = (width + 64) * 2 if case.strided_inputs else width * 2
+    return inputs + case.row_bytes + g.UPCONVERT_DIM * 2
+
+
+def memory_bytes(case: LayoutCase) -> int:
+    """About the most host memory one case takes (what `verify_layout` checks before work)."""
+    return MEMORY_FIXED_BYTES + case.tokens * memory_per_token(case)
+
+
+def tokens_that_fit(case: LayoutCase, available: int) -> int:
+    """The largest token count of `case`'s shape whose `memory_bytes` is within `available`."""
+    return max(0, min(MAX_TOKENS, (available - MEMORY_FIXED_BYTES) // memory_per_token(case)))
+
+
+def adversarial_latent_into(out: torch.Tensor, gen: torch.Generator) -> None:
+    """Fill `out` ([T, 512] bf16, may be a strided view) with `adversarial_latent`, GEN_CHUNK
+    tokens at a time from the same generator: a case of up to GEN_CHUNK tokens draws exactly
+    what one call would, and a larger one needs only one chunk's working memory."""
+    for start in range(0, out.shape[0], GEN_CHUNK):
+        stop = min(out.shape[0], start + GEN_CHUNK)
+        out[start:stop] = adversarial_latent(stop - start, gen)
+
+
 def adversarial_latent(tokens: int, gen: torch.Generator) -> torch.Tensor:
     """[T, 512] bf16 latent values that exercise every corner of the quantizer.
 
@@ -209,20 +245,22 @@ def make_inputs(case: LayoutCase, device: torch.device | str = "cpu") -> LayoutI
     ]
     workspace_starts = torch.tensor([0, *np.cumsum(spans)[:-1].tolist()], dtype=torch.int32)
 
-    latent = adversarial_latent(t, gen)
+    width = g.LATENT_DIM + (g.ROPE_DIM if case.rope_dim else 0)
+    # The latent is drawn straight into the buffer the writer reads (no second copy of it).
+    buf = torch.empty(t, width + 64 if case.strided_inputs else g.LATENT_DIM, dtype=torch.bfloat16)
+    adversarial_latent_into(buf[:, : g.LATENT_DIM], gen)
     rope = (
         torch.randn(t, g.ROPE_DIM, generator=gen)
         * torch.pow(10.0, torch.rand(t, 1, generator=gen) * 4 - 2)
     ).to(torch.bfloat16)
-    width = g.LATENT_DIM + (g.ROPE_DIM if case.rope_dim else 0)
     if case.strided_inputs:
-        buf = torch.empty(t, width + 64, dtype=torch.bfloat16)
-        buf[:, :width] = torch.cat([latent, rope[:, : case.rope_dim]], dim=1)
+        if case.rope_dim:
+            buf[:, g.LATENT_DIM : width] = rope
         buf = buf.to(device)  # once: kv_c and k_pe are views of one device buffer
         kv_c = buf[:, : g.LATENT_DIM]
         k_pe = buf[:, g.LATENT_DIM : width] if case.rope_dim else None
     else:
-        kv_c = latent.to(device)
+        kv_c = buf.to(device)
         k_pe = rope.to(device) if case.rope_dim else None
     return LayoutInputs(
         kv_c=kv_c,
@@ -317,51 +355,71 @@ def run_case(
 def check_written(
     case: LayoutCase, inputs: LayoutInputs, storage: torch.Tensor, gathered: torch.Tensor
 ) -> list[CheckResult]:
-    """Every check of one case, given the cache storage after the write and the gather output."""
+    """Every check of one case, given the cache storage after the write and the gather output.
+
+    The per-row checks run CHECK_CHUNK written tokens (and gathered rows) at a time and add up:
+    the same verdicts, counts, worst values and first failures as one pass over everything,
+    in a working memory that does not grow with the case (numpy widens each element to 8 bytes
+    or more, which at the documented maximum of 2**20 tokens would need tens of GB at once).
+    """
     rb = case.row_bytes
     flat = storage.cpu().numpy().reshape(-1, rb)
     guard = np.concatenate([flat[:GUARD_ROWS], flat[-GUARD_ROWS:]])
     cache_rows = flat[GUARD_ROWS:-GUARD_ROWS]
-    latent = inputs.kv_c.float().cpu().numpy()
-    rope = (
-        inputs.k_pe.cpu().contiguous().view(torch.int16).numpy().view(np.uint16)
-        if inputs.k_pe is not None
-        else None
-    )
     slots = inputs.slot_mapping.cpu().numpy().astype(np.int64)
-
-    finite = np.isfinite(latent).all(axis=1)
-    if inputs.k_pe is not None:
-        finite &= np.isfinite(inputs.k_pe.float().cpu().numpy()).all(axis=1)
-    written = (slots >= 0) & finite
-    tok = np.nonzero(written)[0]
-    rows = cache_rows[slots[tok]]
-    results = [_finite_check(finite)]
-
-    scales = independent_scales(latent[tok], case.scale_format)
-    results.append(
-        _rows_equal(
-            "scales exact",
+    tokens = slots.shape[0]
+    finite = np.empty(tokens, dtype=bool)
+    scales_ok = _Tally("scales exact")
+    latent_ok = _Tally("latent bytes = independent e4m3")
+    tail_ok = _Tally("RoPE tail bit-exact bf16" if case.rope_dim else "NoPE tail zero")
+    dequant = _DequantTally()
+    for start in range(0, tokens, CHECK_CHUNK):
+        stop = min(tokens, start + CHECK_CHUNK)
+        latent = inputs.kv_c[start:stop].float().cpu().numpy()
+        part_finite = np.isfinite(latent).all(axis=1)
+        rope = None
+        if inputs.k_pe is not None:
+            k_pe = inputs.k_pe[start:stop]
+            part_finite &= np.isfinite(k_pe.float().cpu().numpy()).all(axis=1)
+            rope = k_pe.cpu().contiguous().view(torch.int16).numpy().view(np.uint16)
+        finite[start:stop] = part_finite
+        local = np.nonzero((slots[start:stop] >= 0) & part_finite)[0]
+        tok = local + start
+        rows = cache_rows[slots[tok]]
+        scales = independent_scales(latent[local], case.scale_format)
+        scales_ok.add(
             tok,
             rows[:, g.SCALE_OFFSET : g.ROPE_OFFSET],
             scales.view(np.uint8).reshape(-1, 16),
         )
-    )
-    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        scaled = (latent[tok].reshape(-1, g.N_TILES, g.TILE) / scales[:, :, None]).astype(
-            np.float32
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+            scaled = (latent[local].reshape(-1, g.N_TILES, g.TILE) / scales[:, :, None]).astype(
+                np.float32
+            )
+        latent_ok.add(tok, rows[:, : g.SCALE_OFFSET], e4m3.encode(scaled).reshape(-1, g.LATENT_DIM))
+        if rb != g.NOPE_ROW_BYTES:
+            tail = rows[:, g.ROPE_OFFSET :]
+            if case.rope_dim:
+                tail_ok.add(tok, tail.copy().view(np.uint16), rope[local])
+            else:
+                tail_ok.add(tok, tail, np.zeros_like(tail))
+        dequant.add(tok, rows, latent[local], scales, scaled)
+    if rb == g.NOPE_ROW_BYTES:
+        written = int(np.count_nonzero((slots >= 0) & finite))
+        tail_result = CheckResult(
+            "RoPE tail (528-byte rows: none)", written, True, None, "no tail bytes in compact rows"
         )
-    expected_latent = e4m3.encode(scaled).reshape(-1, g.LATENT_DIM)
-    results.append(
-        _rows_equal(
-            "latent bytes = independent e4m3", tok, rows[:, : g.SCALE_OFFSET], expected_latent
-        )
-    )
-    results.append(_tail_check(case, tok, rows, rope))
-    results.append(_untouched_check(cache_rows, slots[slots >= 0], guard))
-    results.append(_dequant_check(tok, rows, latent[tok], scales, scaled))
-    results.append(_gather_check(case, inputs, cache_rows, gathered))
-    return results
+    else:
+        tail_result = tail_ok.result()
+    return [
+        _finite_check(finite),
+        scales_ok.result(),
+        latent_ok.result(),
+        tail_result,
+        _untouched_check(cache_rows, slots[slots >= 0], guard),
+        dequant.result(),
+        _gather_check(case, inputs, cache_rows, gathered),
+    ]
 
 
 def _finite_check(finite: np.ndarray) -> CheckResult:
@@ -374,35 +432,40 @@ def _finite_check(finite: np.ndarray) -> CheckResult:
     return CheckResult("input finite", int(finite.size), not bad.size, None, detail)
 
 
-def _rows_equal(name: str, tok: np.ndarray, got: np.ndarray, expected: np.ndarray) -> CheckResult:
-    diff = (got != expected).any(axis=1)
-    bad = np.nonzero(diff)[0]
-    if not bad.size:
-        return CheckResult(name, int(tok.size), True, 0.0)
-    first = bad[0]
-    col = int(np.nonzero(got[first] != expected[first])[0][0])
-    detail = (
-        f"{bad.size} rows differ; first token {int(tok[first])} at byte/lane {col}: "
-        f"got {got[first, col]:#x}, expected {expected[first, col]:#x}"
-    )
-    return CheckResult(name, int(tok.size), False, float(bad.size), detail)
+class _Tally:
+    """A byte-for-byte row comparison added up over chunks: rows compared, rows that differ,
+    and where the first one differs."""
 
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.rows = 0
+        self.bad = 0
+        self.first = ""
 
-def _tail_check(
-    case: LayoutCase, tok: np.ndarray, rows: np.ndarray, rope: np.ndarray | None
-) -> CheckResult:
-    if case.row_bytes == g.NOPE_ROW_BYTES:
+    def add(self, tok: np.ndarray, got: np.ndarray, expected: np.ndarray) -> None:
+        self.rows += int(tok.size)
+        bad = np.nonzero((got != expected).any(axis=1))[0]
+        if bad.size and not self.bad:
+            first = bad[0]
+            col = int(np.nonzero(got[first] != expected[first])[0][0])
+            self.first = (
+                f"first token {int(tok[first])} at byte/lane {col}: "
+                f"got {got[first, col]:#x}, expected {expected[first, col]:#x}"
+            )
+        self.bad += int(bad.size)
+
+    def result(self) -> CheckResult:
+        if not self.bad:
+            return CheckResult(self.name, self.rows, True, 0.0)
         return CheckResult(
-            "RoPE tail (528-byte rows: none)",
-            int(tok.size),
-            True,
-            None,
-            "no tail bytes in compact rows",
+            self.name, self.rows, False, float(self.bad), f"{self.bad} rows differ; {self.first}"
         )
-    tail = rows[:, g.ROPE_OFFSET :]
-    if case.rope_dim:
-        return _rows_equal("RoPE tail bit-exact bf16", tok, tail.copy().view(np.uint16), rope[tok])
-    return _rows_equal("NoPE tail zero", tok, tail, np.zeros_like(tail))
+
+
+def _rows_equal(name: str, tok: np.ndarray, got: np.ndarray, expected: np.ndarray) -> CheckResult:
+    tally = _Tally(name)
+    tally.add(tok, got, expected)
+    return tally.result()
 
 
 def _untouched_check(
@@ -427,38 +490,56 @@ def _untouched_check(
     )
 
 
-def _dequant_check(
-    tok: np.ndarray, rows: np.ndarray, latent: np.ndarray, scales: np.ndarray, scaled: np.ndarray
-) -> CheckResult:
-    """|dequant(row) - x| <= scale * e4m3 half-ulp(x / scale) + bf16 half-ulp(result), per element.
+class _DequantTally:
+    """|dequant(row) - x| <= scale * e4m3 half-ulp(x / scale) + bf16 half-ulp(result), per
+    element, added up over chunks.
 
     Reported worst value is the largest error / bound ratio (<= 1 passes). A NaN ratio (a NaN
     or infinite dequantized value) counts as infinitely out of bound: `NaN > 1` is False, so
     testing `ratio > 1` alone would pass a row whose scale is NaN.
     """
-    if not tok.size:
-        return CheckResult("dequant error within e4m3 bound", 0, True, 0.0)
-    deq, _ = rowformat.dequantize_rows(torch.from_numpy(np.ascontiguousarray(rows)))
-    deq = deq.float().numpy().reshape(-1, g.N_TILES, g.TILE).astype(np.float64)
-    x = latent.reshape(-1, g.N_TILES, g.TILE).astype(np.float64)
-    # bf16 rounding: half an ulp relative (2**-9, doubled for the fp32 product's own rounding),
-    # and half the bf16 subnormal spacing (2**-134) where the result is subnormal.
-    bound = (
-        scales[:, :, None].astype(np.float64) * e4m3.rounding_bound(scaled)
-        + np.abs(deq) * 2.0**-8
-        + 2.0**-134
-    )
-    with np.errstate(invalid="ignore"):
-        ratio = np.abs(deq - x) / bound
-    ratio = np.where(np.isnan(ratio), np.inf, ratio)
-    worst = float(ratio.max())
-    bad = np.nonzero((~(ratio <= 1)).any(axis=(1, 2)))[0]
-    detail = (
-        "" if not bad.size else f"{bad.size} rows exceed the bound; first token {int(tok[bad[0]])}"
-    )
-    return CheckResult(
-        "dequant error within e4m3 bound", int(tok.size), not bad.size, worst, detail
-    )
+
+    name = "dequant error within e4m3 bound"
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.bad = 0
+        self.first: int | None = None
+        self.worst = 0.0
+
+    def add(
+        self,
+        tok: np.ndarray,
+        rows: np.ndarray,
+        latent: np.ndarray,
+        scales: np.ndarray,
+        scaled: np.ndarray,
+    ) -> None:
+        if not tok.size:
+            return
+        deq, _ = rowformat.dequantize_rows(torch.from_numpy(np.ascontiguousarray(rows)))
+        deq = deq.float().numpy().reshape(-1, g.N_TILES, g.TILE).astype(np.float64)
+        x = latent.reshape(-1, g.N_TILES, g.TILE).astype(np.float64)
+        # bf16 rounding: half an ulp relative (2**-9, doubled for the fp32 product's own
+        # rounding), and half the bf16 subnormal spacing (2**-134) where the result is subnormal.
+        bound = (
+            scales[:, :, None].astype(np.float64) * e4m3.rounding_bound(scaled)
+            + np.abs(deq) * 2.0**-8
+            + 2.0**-134
+        )
+        with np.errstate(invalid="ignore"):
+            ratio = np.abs(deq - x) / bound
+        ratio = np.where(np.isnan(ratio), np.inf, ratio)
+        self.rows += int(tok.size)
+        self.worst = max(self.worst, float(ratio.max()))
+        bad = np.nonzero((~(ratio <= 1)).any(axis=(1, 2)))[0]
+        if bad.size and self.first is None:
+            self.first = int(tok[bad[0]])
+        self.bad += int(bad.size)
+
+    def result(self) -> CheckResult:
+        detail = f"{self.bad} rows exceed the bound; first token {self.first}" if self.bad else ""
+        return CheckResult(self.name, self.rows, not self.bad, self.worst, detail)
 
 
 def _gather_check(
@@ -482,15 +563,16 @@ def _gather_check(
         case.rope_dim,
         inputs.seq_starts.cpu(),
     ).numpy()
-    expected = independent_gather(cache_rows[plan], case.rope_dim)
-    got = gathered.cpu().contiguous().view(torch.int16).numpy().view(np.uint16)
-    both_nan = _bf16_nan(got) & _bf16_nan(expected)
-    return _rows_equal(
-        name,
-        np.arange(inputs.total_rows),
-        np.where(both_nan, 0, got),
-        np.where(both_nan, 0, expected),
-    )
+    tally = _Tally(name)
+    for start in range(0, inputs.total_rows, CHECK_CHUNK):
+        stop = min(inputs.total_rows, start + CHECK_CHUNK)
+        expected = independent_gather(cache_rows[plan[start:stop]], case.rope_dim)
+        got = gathered[start:stop].cpu().contiguous().view(torch.int16).numpy().view(np.uint16)
+        both_nan = _bf16_nan(got) & _bf16_nan(expected)
+        tally.add(
+            np.arange(start, stop), np.where(both_nan, 0, got), np.where(both_nan, 0, expected)
+        )
+    return tally.result()
 
 
 def _bf16_nan(bits: np.ndarray) -> np.ndarray:

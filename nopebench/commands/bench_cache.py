@@ -8,11 +8,12 @@ from nopebench import console as out
 from nopebench.bench import cache
 from nopebench.commands.options import BenchCacheOptions
 from nopebench.errors import EXIT_CHECK_FAILED, EXIT_OK, UnsupportedError
-from nopebench.records import RunDir, write_csv, write_json
+from nopebench.records import RunDir, check_results_root, write_csv, write_json
 
 
 def execute(opts: BenchCacheOptions) -> int:
     sizes = opts.token_counts()
+    check_results_root(opts.output.results_dir)
     if not torch.cuda.is_available():
         raise UnsupportedError(
             "bench-cache times CUDA kernels and needs a CUDA GPU; none is visible"

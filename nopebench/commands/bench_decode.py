@@ -31,7 +31,7 @@ from nopebench.errors import EXIT_CHECK_FAILED, EXIT_OK, UnsupportedError, Usage
 from nopebench.impls import registry
 from nopebench.nvml import clock_warning
 from nopebench.plots import decode_plots
-from nopebench.records import RunDir, write_csv, write_json
+from nopebench.records import RunDir, check_results_root, write_csv, write_json
 
 
 def resolve_impls(cfg: BenchConfig, requested: tuple[str, ...] | list[str] | None) -> list[str]:
@@ -92,6 +92,7 @@ def execute(opts: BenchDecodeOptions) -> int:
     model = model_for(cfg)
     impls = resolve_impls(cfg, opts.impls)
     base = read_baseline(opts.baseline)
+    check_results_root(opts.output.results_dir)
     quick = opts.quick and cfg.quick is not None
     cases = select_cases(
         grid(cfg, quick),

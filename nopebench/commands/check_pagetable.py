@@ -9,11 +9,12 @@ from nopebench.checks import flashinfer_validation, pagetable
 from nopebench.commands.options import CheckPagetableOptions
 from nopebench.config import ModelConfig, load_model_config
 from nopebench.errors import EXIT_CHECK_FAILED, EXIT_OK
-from nopebench.records import RunDir, write_csv, write_json
+from nopebench.records import RunDir, check_results_root, write_csv, write_json
 
 
 def execute(opts: CheckPagetableOptions) -> int:
     cfg = load_model_config(opts.model)
+    check_results_root(opts.output.results_dir)
     report = pagetable.run_checks(cfg, opts.seed)
     rows = report["rows"]
     ok = pagetable.passed(rows)

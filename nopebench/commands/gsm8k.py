@@ -1,10 +1,13 @@
 """`nopebench gsm8k`: check the inputs, start or check the server, evaluate, record, judge.
 
 Everything that can be wrong before a single request (config, local data, the run to resume,
-a given server that is down, a dataset that cannot be loaded) fails in one line with exit 2
-and writes nothing. From then on the run has a directory; a failure there is recorded in its
-run.json with the command that resumes it. The exit code is 0 when strict-match reaches the
-config's threshold and 1 below it.
+a given server that is down, a dataset that cannot be loaded, a results directory that cannot
+be written) fails in one line with exit 2 and writes nothing. From then on the run has a
+directory; a failure there is recorded in its run.json with the command that resumes it, and
+a server that died, stalled or kept failing exits 4. The exit code is 0 when strict-match
+reaches the config's threshold and 1 below it. A run of fewer problems than the full set
+(--limit) is not judged against that threshold: it records its scores with their standard
+errors, status `done`, exit 0.
 
 A config with `attention_backend` is also exit 1 when the server's log does not show vLLM
 selecting that backend: checked once the server is ready and before the first question, so
@@ -27,7 +30,13 @@ import yaml
 from nopebench import console as out
 from nopebench.commands.options import Gsm8kOptions
 from nopebench.config import resolve_config_path
-from nopebench.errors import EXIT_CHECK_FAILED, EXIT_OK, UsageError
+from nopebench.errors import (
+    EXIT_CHECK_FAILED,
+    EXIT_OK,
+    NopebenchError,
+    SystemFailedError,
+    UsageError,
+)
 from nopebench.gsm8k.backend import BackendCheckFailed, check_backend
 from nopebench.gsm8k.config import Gsm8kConfig, load_gsm8k_config
 from nopebench.gsm8k.data import (
@@ -46,6 +55,7 @@ from nopebench.gsm8k.resume import (
     copy_cache,
     previous_cache,
     resume_command,
+    resumed_status,
     save_config,
 )
 from nopebench.gsm8k.server import (
@@ -57,7 +67,7 @@ from nopebench.gsm8k.server import (
     request_counts,
 )
 from nopebench.gsm8k.summary import print_summary, sample_rows, summarize, to_jsonable, write_jsonl
-from nopebench.records import RunDir, write_json
+from nopebench.records import RunDir, check_results_root, write_json
 
 SERVER_LOG = "server.log"
 SERVER_RECORD = "server.json"
@@ -68,6 +78,7 @@ def execute(opts: Gsm8kOptions) -> int:
     resume, results_dir = opts.resume, opts.results_dir
     with quiet_third_party_progress() as added_env:  # before lm-eval (and its tqdm) is imported
         cfg, local, previous = _preflight(config, base_url, limit, data, resume)
+        check_results_root(results_dir)
         with tempfile.TemporaryDirectory(prefix="nopebench-gsm8k-") as task_dir:
             manager, task = load_task(
                 write_task_dir(Path(task_dir), cfg.data, local), cfg.data, local
@@ -89,7 +100,8 @@ def execute(opts: Gsm8kOptions) -> int:
                 )
                 out.error_line(exc.message)
                 return EXIT_CHECK_FAILED
-        return _record(cfg, run, outcome, local)
+            full = problem_count(task)
+        return _record(cfg, run, outcome, local, full)
 
 
 def _preflight(
@@ -129,8 +141,10 @@ def _start_run(
     )
     if previous is not None:
         copy_cache(previous, run.path)
+        ended = resumed_status(resume)
+        how = " (its process is gone: died)" if ended == "died" else ""
         out.console.print(
-            f"resuming {resume}: {cached_answers(run.file(CACHE_FILE))} finished answers reused"
+            f"resuming {resume}{how}: {cached_answers(run.file(CACHE_FILE))} finished answers reused"
         )
     return run
 
@@ -153,7 +167,7 @@ def _evaluate_recorded(
             soft_wrap=True,
         )
         raise
-    except UsageError as exc:
+    except NopebenchError as exc:
         run.finish(
             "error",
             {
@@ -209,12 +223,14 @@ def _evaluate(
             message = f"GSM8K stopped with {kept} of {total} answers kept: {exc.reason}"
             if server is not None:
                 message += f"; {server.describe_failure()}"
-            raise UsageError(f"{message}; resume with: {hint}") from None
+            raise SystemFailedError(f"{message}; resume with: {hint}") from None
         counted = answered_between(before, request_counts(cfg.server.base_url, cfg.model))
         return dataclasses.replace(outcome, attention_backend=backend, server_requests=counted)
 
 
-def _record(cfg: Gsm8kConfig, run: RunDir, outcome: Outcome, local: LocalData | None) -> int:
+def _record(
+    cfg: Gsm8kConfig, run: RunDir, outcome: Outcome, local: LocalData | None, full: int
+) -> int:
     rows = sample_rows(outcome.results["samples"][TASK_NAME])
     summary = summarize(
         cfg,
@@ -224,6 +240,7 @@ def _record(cfg: Gsm8kConfig, run: RunDir, outcome: Outcome, local: LocalData | 
         outcome.asked,
         outcome.from_cache,
         outcome.retries,
+        full=full,
     )
     summary["data"] = (
         str(local.dir) if local is not None else f"{cfg.data.hub_path} ({cfg.data.hub_name})"
@@ -234,6 +251,10 @@ def _record(cfg: Gsm8kConfig, run: RunDir, outcome: Outcome, local: LocalData | 
         run.file("results.json"), {"summary": summary, "lm_eval": to_jsonable(outcome.results)}
     )
     write_jsonl(run.file("samples.jsonl"), rows)
+    if summary["passed"] is None:  # a sample: scores with standard errors, no verdict
+        run.finish("done", summary)
+        print_summary(cfg, summary, run.path)
+        return EXIT_OK
     run.finish("passed" if summary["passed"] else "failed", summary)
     print_summary(cfg, summary, run.path)
     return EXIT_OK if summary["passed"] else EXIT_CHECK_FAILED

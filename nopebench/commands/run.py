@@ -4,6 +4,10 @@ Each step is an ordinary command writing its own run directory under this run's 
 (results/run/<id>/<kind>/<id>/), so the report can name every record it used. A step the
 machine cannot run (no GPU, no nvcc, no GSM8K config) is recorded as skipped with the reason;
 the exit status is 0 only when every step that ran passed.
+
+Before the first step every config a step will use is loaded and validated and the results
+directory is checked writable, so bad input stops the job in one line with nothing run.
+run.json names the report only once report.md exists; Ctrl-C leaves it `interrupted`.
 """
 
 from __future__ import annotations
@@ -25,8 +29,8 @@ from nopebench.commands.options import (
     RunOptions,
     VerifyLayoutOptions,
 )
-from nopebench.errors import EXIT_OK, UnsupportedError, UsageError
-from nopebench.records import RunDir, write_json
+from nopebench.errors import EXIT_CHECK_FAILED, EXIT_OK, NopebenchError, UnsupportedError
+from nopebench.records import RunDir, check_results_root, close_open_runs, write_json
 
 
 @dataclass(frozen=True)
@@ -110,15 +114,32 @@ def steps(opts: RunOptions, root: Path) -> list[Step]:
     ]
 
 
-def execute(opts: RunOptions) -> int:
+def preflight(opts: RunOptions) -> None:
+    """Load and validate every config the steps will use, and check the results directory
+    can be written, before any step runs: bad input is one line here, not a failure after
+    the other steps ran."""
+    from nopebench.bench.decode_cases import load_bench_config, model_for
     from nopebench.config import load_model_config
 
-    load_model_config(opts.model)  # a bad config stops here, before any directory is made
+    load_model_config(opts.model)
+    decode = BenchDecodeOptions(model=opts.model)
+    bench = load_bench_config(decode.config)
+    model_for(bench.model_copy(update={"model": decode.model}))
+    if opts.gsm8k:
+        from nopebench.gsm8k.config import load_gsm8k_config
+
+        load_gsm8k_config(opts.gsm8k)
+    check_results_root(opts.results_dir)
+
+
+def execute(opts: RunOptions) -> int:
+    preflight(opts)  # a bad config stops here, before any directory is made
     run = RunDir.create("run", opts.results_dir)
     plan = steps(opts, run.path)
     records = []
     for i, step in enumerate(plan, 1):
         out.console.rule(f"[bold]step {i}/{len(plan)}: {step.name}")
+        run.note({"steps": records, "stopped_in": step.name, "report": None})
         reason = step.unavailable()
         started = time.perf_counter()
         if reason:
@@ -131,10 +152,12 @@ def execute(opts: RunOptions) -> int:
                     ("passed", "") if code == EXIT_OK else ("failed", f"exit code {code}")
                 )
             except UnsupportedError as exc:
+                close_open_runs("error", str(exc), inside=run.path)
                 status, detail = "skipped", str(exc)
                 out.console.print(f"[yellow]skipped:[/] {exc}")
-            except UsageError as exc:
-                status, detail = "failed", str(exc)
+            except NopebenchError as exc:
+                close_open_runs("error", str(exc), inside=run.path)  # the step's own record
+                status, detail = "failed", f"exit code {exc.exit_code}: {exc}"
                 out.error_line(str(exc))
         records.append(
             {
@@ -147,10 +170,11 @@ def execute(opts: RunOptions) -> int:
         write_json(run.file("steps.json"), records)  # after each step: a crash leaves what ran
     passed = all(r["status"] != "failed" for r in records)
     status = "passed" if passed else "failed"
-    run.finish(status, {"steps": records, "report": str(run.path / "report" / "report.md")})
+    # The verdict is recorded before the report is drawn (the report shows it), naming no
+    # report yet; the report is named once report.md exists.
+    run.checkpoint(status, {"steps": records, "report": None})
     report_path = _report(run.path)
-    if report_path is None:
-        run.finish(status, {"steps": records, "report": None})
+    run.finish(status, {"steps": records, "report": str(report_path) if report_path else None})
     out.console.rule("[bold]summary")
     out.console.print(
         out.table(
@@ -170,7 +194,7 @@ def execute(opts: RunOptions) -> int:
     out.console.print(f"run directory: {run.path}")
     if report_path:
         out.console.print(f"report: {report_path}")
-    return EXIT_OK if passed else 1
+    return EXIT_OK if passed else EXIT_CHECK_FAILED
 
 
 def _report(run_path: Path) -> Path | None:
@@ -185,3 +209,6 @@ def _report(run_path: Path) -> Path | None:
         shutil.rmtree(target, ignore_errors=True)
         out.error_line(f"report not written: {type(exc).__name__}: {exc}")
         return None
+    except BaseException:  # Ctrl-C: no half-drawn report is left behind
+        shutil.rmtree(target, ignore_errors=True)
+        raise

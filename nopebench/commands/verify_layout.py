@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 from nopebench import console as out
+from nopebench import memory
 from nopebench.checks.layout import (
     IMPLEMENTATIONS,
     LayoutReport,
+    memory_bytes,
     model_case,
     sweep_cases,
+    tokens_that_fit,
     verify_layout,
 )
 from nopebench.commands.options import VerifyLayoutOptions
 from nopebench.config import load_model_config
 from nopebench.errors import EXIT_CHECK_FAILED, EXIT_OK, UnsupportedError, UsageError
-from nopebench.records import RunDir, write_csv, write_json
+from nopebench.records import RunDir, check_results_root, write_csv, write_json
 
 
 def parse_impls(impl: str) -> list[str]:
@@ -29,6 +32,8 @@ def execute(opts: VerifyLayoutOptions) -> int:
     impl = opts.impl
     impls = parse_impls(impl)
     cases = sweep_cases(cfg, opts.seed) if opts.sweep else [model_case(cfg, opts.tokens, opts.seed)]
+    check_memory(cases, opts.sweep)
+    check_results_root(opts.output.results_dir)
     with out.progress_bar("verify-layout", total=len(cases) * len(impls)) as advance:
         report = verify_layout(cases, impls, progress=advance)
     if impl != "all" and impl in report.skipped:
@@ -48,6 +53,20 @@ def execute(opts: VerifyLayoutOptions) -> int:
     if opts.output.json_out:
         out.print_json(report.rows)
     return EXIT_OK if report.passed else EXIT_CHECK_FAILED
+
+
+def check_memory(cases: list, sweep: bool) -> None:
+    """Refuse, before anything is allocated, a case that would not fit in this machine's
+    memory (cases run one at a time: the largest decides), saying what would fit."""
+    largest = max(cases, key=memory_bytes)
+    have = memory.available_bytes()
+    if sweep:
+        what, fits = "verify-layout --sweep", f"its largest case has {largest.tokens} tokens"
+    else:
+        what = f"verify-layout --tokens {largest.tokens}"
+        n = tokens_that_fit(largest, have) if have is not None else 0
+        fits = f"at most --tokens {n} fits" if n else "no case fits"
+    memory.require(memory_bytes(largest), what, fits)
 
 
 def print_report(model_name: str, report: LayoutReport) -> None:

@@ -1,4 +1,4 @@
-"""The GSM8K run config: a typed model of configs/gsm8k/<name>.yaml.
+"""The GSM8K run config: a typed model of a GSM8K YAML (bundled ones in nopebench/configs/gsm8k/).
 
 Every field that changes what the server is asked (model, API, shots, token budget, seed, data)
 lives here, so a run is reproduced from its YAML alone and a resumed run can be checked against
@@ -155,6 +155,12 @@ class Gsm8kConfig(StrictModel):
     )
     max_retries: int = Field(
         default=3, ge=1, description="attempts per request, the first included"
+    )
+    stall_timeout_s: float = Field(
+        default=900.0, gt=0, description="stop when no answer completes for this long"
+    )
+    max_consecutive_failures: int = Field(
+        default=32, ge=1, description="stop after this many failed attempts in a row"
     )
     seed: int = 1234
     limit: int | None = Field(default=None, ge=1)

@@ -13,10 +13,20 @@ We hook the same two points: the model's `set_cache_hook`, to count committed an
 progress bar, and `generate_until`, which CachingLM calls with only the uncached requests, to
 learn how many came from the cache. A request that fails after `max_retries` attempts aborts
 lm-eval's whole run; that becomes `EvaluationFailed` with one line naming the cause.
+
+lm-eval alone would neither stop a stalled server nor a failing one early: all requests are
+queued at once behind one semaphore, so a request's retry waits for every other request's
+attempt first. Against a server that never answers, that is about (problems / concurrency) x
+timeout_s per attempt (hours at the shipped 1800 s); against one that answers every request
+with HTTP 500, nearly two attempts per problem before the first request gives up. A `Guard`
+watches the requests instead (`_TrackedModel`): no answer for `stall_timeout_s`, or
+`max_consecutive_failures` failed attempts without an answer between them, stops the run at
+once, every request cancelled, the answers so far kept.
 """
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import time
@@ -39,6 +49,107 @@ class EvaluationFailed(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class StoppedEarly(Exception):
+    """The guard stopped the requests (a stall, or a run of failures); the message says which."""
+
+
+class Guard:
+    """Watches the requests of one evaluation and stops them when the server has stalled (no
+    answer completed for `stall_timeout_s`) or keeps failing (`max_consecutive_failures`
+    failed attempts with no answer between them). Lives in lm-eval's event loop."""
+
+    def __init__(self, stall_timeout_s: float, max_failures: int) -> None:
+        self.stall_timeout_s = stall_timeout_s
+        self.max_failures = max_failures
+        self.failures = 0  # failed attempts since the last answer
+        self.last_error = ""
+        self.last_answer = time.monotonic()
+        self.reason: str | None = None
+        self._stop: asyncio.Event | None = None
+
+    def answered(self) -> None:
+        self.failures = 0
+        self.last_answer = time.monotonic()
+
+    def failed(self, exc: BaseException) -> None:
+        self.failures += 1
+        self.last_error = _short_error(exc)
+        if self.failures >= self.max_failures:
+            self.stop(
+                f"{self.failures} requests failed in a row "
+                f"(max_consecutive_failures = {self.max_failures}), the last with {self.last_error}"
+            )
+
+    def stop(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+        if self._stop is not None:
+            self._stop.set()
+
+    async def _watch_stall(self) -> None:
+        while True:
+            idle = time.monotonic() - self.last_answer
+            if idle >= self.stall_timeout_s:
+                self.stop(
+                    f"no answer completed for {self.stall_timeout_s:g} s (stall_timeout_s)"
+                    + (
+                        f"; the last failed request had {self.last_error}"
+                        if self.last_error
+                        else ""
+                    )
+                )
+                return
+            await asyncio.sleep(min(1.0, self.stall_timeout_s - idle))
+
+    async def run(self, requests: Any) -> Any:
+        """Await lm-eval's batch of requests unless the guard stops first; then cancel them."""
+        self._stop = asyncio.Event()
+        self.last_answer = time.monotonic()
+        work = asyncio.ensure_future(requests)
+        stopped = asyncio.ensure_future(self._stop.wait())
+        watch = asyncio.ensure_future(self._watch_stall())
+        try:
+            await asyncio.wait({work, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+            stopped.cancel()
+        if work.done():
+            return work.result()
+        work.cancel()  # its gather's tasks are cancelled with it (and by asyncio.run after)
+        await asyncio.gather(work, return_exceptions=True)
+        raise StoppedEarly(self.reason)
+
+
+class _GuardedSemaphore:
+    """lm-eval's request semaphore, refusing a slot once the guard has stopped: a request
+    that was waiting for a slot is then never sent."""
+
+    def __init__(self, inner: asyncio.Semaphore, guard: Guard) -> None:
+        self._inner = inner
+        self._guard = guard
+
+    async def acquire(self) -> bool:
+        await self._inner.acquire()
+        if self._guard.reason is not None:
+            self._inner.release()
+            raise StoppedEarly(self._guard.reason)
+        return True
+
+    def release(self) -> None:
+        self._inner.release()
+
+
+def _short_error(exc: BaseException) -> str:
+    import aiohttp
+
+    if isinstance(exc, aiohttp.ClientResponseError):
+        return f"HTTP {exc.status} {exc.message}".strip()
+    if isinstance(exc, TimeoutError):
+        return "no answer within timeout_s"
+    text = str(exc).strip().splitlines()
+    return exc.__class__.__name__ + (f": {text[0]}" if text else "")
 
 
 @dataclass
@@ -66,11 +177,29 @@ class _CountingHook:
 
 
 class _TrackedModel:
-    """Mixed in front of lm-eval's API model class (see `build_model`)."""
+    """Mixed in front of lm-eval's API model class (see `build_model`): counts answers for the
+    progress display and puts every batch of requests under the `Guard`."""
 
-    def __init__(self, *args: Any, tracker: Tracker, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, tracker: Tracker, guard: Guard, **kwargs: Any) -> None:
         self._tracker = tracker
+        self._guard = guard
         super().__init__(*args, **kwargs)
+
+    async def amodel_call(self, *args: Any, **kwargs: Any) -> Any:
+        if "sem" in kwargs:  # lm-eval passes it by name: no request is sent once stopped
+            kwargs["sem"] = _GuardedSemaphore(kwargs["sem"], self._guard)
+        try:
+            result = await super().amodel_call(*args, **kwargs)
+        except (asyncio.CancelledError, StoppedEarly):
+            raise
+        except Exception as exc:
+            self._guard.failed(exc)
+            raise
+        self._guard.answered()
+        return result
+
+    async def get_batched_requests(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._guard.run(super().get_batched_requests(*args, **kwargs))
 
     def set_cache_hook(self, cache_hook: Any) -> None:
         super().set_cache_hook(_CountingHook(cache_hook, self._tracker))
@@ -95,12 +224,13 @@ def model_args(cfg: Gsm8kConfig) -> dict[str, Any]:
     }
 
 
-def build_model(cfg: Gsm8kConfig, tracker: Tracker) -> Any:
+def build_model(cfg: Gsm8kConfig, tracker: Tracker, guard: Guard | None = None) -> Any:
     from lm_eval.api.registry import get_model
 
     base = get_model(cfg.lm_eval_model)
     cls = type(f"Tracked{base.__name__}", (_TrackedModel, base), {})
-    return cls(tracker=tracker, **model_args(cfg))
+    guard = guard or Guard(cfg.stall_timeout_s, cfg.max_consecutive_failures)
+    return cls(tracker=tracker, guard=guard, **model_args(cfg))
 
 
 class _RetryCounter(logging.Handler):
@@ -150,6 +280,8 @@ def describe_failure(exc: BaseException, cfg: Gsm8kConfig) -> str:
     """One line for why lm-eval stopped: the last attempt's error, after its retries."""
     import aiohttp
 
+    if isinstance(exc, StoppedEarly):
+        return str(exc)
     attempts = f"after {cfg.max_retries} attempt{'s' if cfg.max_retries > 1 else ''}"
     if isinstance(exc, aiohttp.ClientResponseError):
         return f"a request failed {attempts}: HTTP {exc.status} {exc.message} from {exc.request_info.real_url}"

@@ -1,7 +1,8 @@
 """What the terminal shows while lm-eval runs: our progress bar, and none of the libraries' own.
 
 The counts come from lm-eval itself (see `evaluate`): each committed answer, the number of
-requests not found in the cache, and each retry it logs. The bar is drawn only on a terminal.
+requests not found in the cache, and each retry it logs. The bar is drawn only on a terminal;
+elsewhere (a log, CI) the same counts are a line on stderr every 30 s (console.LineProgress).
 """
 
 from __future__ import annotations

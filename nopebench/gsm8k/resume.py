@@ -7,7 +7,9 @@ the missing answers are requested and the old directory stays exactly as it was 
 
 The cache is keyed by prompt and generation settings only, not by model or server, so a resume
 is refused when the old run asked something different (another model, API, shot count, token
-budget, seed or data): reusing its answers would mix two evaluations.
+budget, seed or data): reusing its answers would mix two evaluations. A run whose run.json
+still says `running` is resumed only when its process is gone (`died`: killed, or its machine
+went down); one still running here, or recorded on another host, is refused in one line.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ def previous_cache(resume_dir: Path, cfg: Gsm8kConfig) -> Path | None:
         saved = json.loads(saved_path.read_text(encoding="utf-8"))["fingerprint"]
     except (OSError, ValueError, KeyError) as exc:
         raise UsageError(f"--resume {resume_dir}: cannot read {CONFIG_FILE} ({exc})") from None
+    _check_not_running(resume_dir)
     current = json.loads(json.dumps(cfg.request_fingerprint()))
     for key in current:
         if saved.get(key) != current[key]:
@@ -47,6 +50,41 @@ def previous_cache(resume_dir: Path, cfg: Gsm8kConfig) -> Path | None:
             )
     cache = resume_dir / CACHE_FILE
     return cache if cache.is_file() else None
+
+
+def _check_not_running(resume_dir: Path) -> None:
+    """Refuse a run that may still be writing its cache (a copy of it would miss answers)."""
+    from nopebench.records import RUN_FILE, read_run, run_status
+
+    if not (resume_dir / RUN_FILE).is_file():
+        return
+    try:
+        header = read_run(resume_dir)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--resume {resume_dir}: cannot read {RUN_FILE} ({exc})") from None
+    status = run_status(header)
+    if status != "running":
+        return
+    if header.get("pid") is None:
+        raise UsageError(
+            f"--resume {resume_dir}: its {RUN_FILE} says running and names no process "
+            "to check; resume it once it has ended"
+        )
+    where = f"process {header['pid']} on {header.get('host')}"
+    raise UsageError(
+        f"--resume {resume_dir}: that run is still running ({where}); stop it first, "
+        "or resume it there once it has ended"
+    )
+
+
+def resumed_status(resume_dir: Path) -> str | None:
+    """How the run being resumed ended: run.json's status, or `died` for a dead `running` one."""
+    from nopebench.records import RUN_FILE, read_run, run_status
+
+    try:
+        return run_status(read_run(resume_dir)) if (resume_dir / RUN_FILE).is_file() else None
+    except (OSError, ValueError):
+        return None
 
 
 def copy_cache(source: Path, run_dir: Path) -> Path:

@@ -34,7 +34,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from nopebench import console as out
-from nopebench.errors import UsageError
+from nopebench.errors import SystemFailedError, UsageError
 from nopebench.gsm8k.config import LaunchConfig
 from nopebench.signatures import explain
 
@@ -61,15 +61,20 @@ def _get(url: str, timeout: float) -> tuple[int, bytes]:
         return exc.code, exc.read()
 
 
+class ServerAnswerError(Exception):
+    """The server was reached but answered wrongly (an HTTP error, or not a model list)."""
+
+
 def served_models(base_url: str, timeout: float = 10.0) -> list[str]:
-    """Model ids from GET /v1/models; OSError when the server cannot be reached."""
+    """Model ids from GET /v1/models. OSError when the server cannot be reached at all;
+    ServerAnswerError when it answers, but with an HTTP error or something else."""
     status, body = _get(base_url.rstrip("/") + "/v1/models", timeout)
     if status != 200:
-        raise OSError(f"GET /v1/models answered HTTP {status}")
+        raise ServerAnswerError(f"GET /v1/models answered HTTP {status}")
     try:
         return [str(m["id"]) for m in json.loads(body)["data"]]
     except (ValueError, KeyError, TypeError) as exc:
-        raise OSError(
+        raise ServerAnswerError(
             f"GET /v1/models answered something that is not a model list ({exc})"
         ) from None
 
@@ -130,6 +135,10 @@ def check_server(base_url: str, model: str) -> None:
     """A given server must be up and serve `model`; otherwise one line saying which is wrong."""
     try:
         models = served_models(base_url)
+    except ServerAnswerError as exc:  # it is there, but failing: the server's fault (exit 4)
+        raise SystemFailedError(
+            f"server {base_url} is reachable but failing: {exc}; check its log"
+        ) from None
     except OSError as exc:
         raise UsageError(
             f"server {base_url} is not reachable ({_reason(exc)}); start it, or use a config with server.launch"
@@ -266,7 +275,7 @@ def _wait_ready(server: LaunchedServer, base_url: str, model: str, timeout_s: fl
     """Poll /health, then /v1/models for `model`, with a spinner; stop early if the server dies."""
     start = time.monotonic()
     state = "starting"
-    with out.err_console.status("") as spinner:
+    with out.status(f"waiting for the server at {base_url}") as spinner:
         while True:
             elapsed = time.monotonic() - start
             last = read_tail(server.log_path, lines=1)[:120]
@@ -285,10 +294,12 @@ def _wait_ready(server: LaunchedServer, base_url: str, model: str, timeout_s: fl
                     _require_model(base_url, model, models)
                     return
                 state = f"/health answered HTTP {status}"
+            except ServerAnswerError as exc:
+                state = str(exc)[:80]
             except OSError as exc:
                 state = f"not answering yet ({_reason(exc)})"[:80]
             if elapsed > timeout_s:
-                raise UsageError(
+                raise SystemFailedError(
                     f"the server at {base_url} was not ready after {timeout_s:.0f} s "
                     f"(launch.startup_timeout_s; log: {server.log_path})"
                 )
@@ -306,7 +317,7 @@ def _report_early_exit(server: LaunchedServer) -> None:
     why = server.diagnosis()
     if why:
         message += f"; known failure: {why}"
-    raise UsageError(message)
+    raise SystemFailedError(message)
 
 
 def _write_record(path: Path, proc: subprocess.Popen, command: list[str], log_path: Path) -> None:
@@ -355,7 +366,7 @@ def launched_server(
             yield server
         finally:
             try:
-                with out.err_console.status("stopping the server"):
+                with out.status("stopping the server"):
                     stop_server(proc, launch.stop_timeout_s)
             except KeyboardInterrupt:  # a second Ctrl-C: no more grace period
                 _signal_group(proc.pid, signal.SIGKILL)
