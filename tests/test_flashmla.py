@@ -80,6 +80,7 @@ class FakeFlashMLA:
         assert k_cache.dtype == torch.float8_e4m3fn and k_cache.dim() == 4
         assert k_cache.shape[2] == 1 and k_cache.shape[3] == g.FULL_ROW_BYTES
         assert indices.shape == (1, tokens, indices.shape[-1]) and indices.dtype == torch.int32
+        assert indices.shape[-1] % 64 == 0, "FlashMLA asserts topk % TOPK_BLOCK_SIZE == 0"
         assert is_fp8_kvcache and not causal and head_dim_v == 512 and num_splits is None
         assert block_table is None and cache_seqlens is None
         assert out.shape == (1, tokens, heads, 512) and out.is_contiguous()
@@ -341,3 +342,13 @@ def test_gpu_flashmla_replays_in_a_cuda_graph(heads):
     ref_out, _ = sparse_decode_reference(p.q, p.cache, p.indices, p.softmax_scale, p.rope_dim)
     result = capture_replay(registry["flashmla"], p, registry, ref_out)
     assert result["result"] == "passed", result["detail"]
+
+
+def test_index_rows_are_padded_to_flashmlas_block(fake):
+    """check-pagetable's compact problems have index rows as wide as their valid entries (2051
+    for the model): FlashMLA refuses a top-k width that is not a multiple of its block (the fake
+    asserts it too), so the adapter pads with -1 and the answer stays the reference's."""
+    p = problem(heads=16)
+    p = dataclasses.replace(p, indices=p.indices[:, :201].contiguous())
+    got, ref_out, ref_lse = check_against_reference(p, fake)
+    assert compare.close(got.out, ref_out).passed

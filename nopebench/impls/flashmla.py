@@ -55,6 +55,9 @@ NEED = "an SM90 (Hopper) or SM100 GPU"
 HEAD_COUNTS = (64, 128)  # the h_q FlashMLA's sparse fp8 decode kernels are built for
 SHIM_DIM = g.qk_dim(g.ROPE_DIM)  # 576: the query width FlashMLA's 656-byte rows need
 UNWRITTEN = 0xFF  # the byte of a slot no writer touched (NaN as fp8 and as an fp32 scale)
+# FlashMLA's sparse decode asserts `topk % TOPK_BLOCK_SIZE == 0` (seen on the H200 with a top-k
+# width of 2051): index rows are padded with -1 to a multiple of this, a multiple of its block.
+INDEX_ALIGN = 128
 
 # FlashMLA's sparse fp8 decode measured on one H200 (vLLM 0.33.0's build; the NoPE problems fed
 # as the shim), against the reference over the same dequantized cache
@@ -219,6 +222,16 @@ def _lse_per_token(lse: torch.Tensor | None, tokens: int, padded: int, heads: in
     return None
 
 
+def padded_indices(indices: torch.Tensor) -> torch.Tensor:
+    """[T, W] -> [T, round_up(W, INDEX_ALIGN)], the new entries -1 (which bound nothing)."""
+    width = g.round_up(indices.shape[1], INDEX_ALIGN)
+    if width == indices.shape[1]:
+        return indices.contiguous()
+    padded = torch.full((indices.shape[0], width), -1, dtype=indices.dtype, device=indices.device)
+    padded[:, : indices.shape[1]] = indices
+    return padded
+
+
 def flashmla_prepare(problem: DecodeProblem) -> DecodeRun:
     lib = library()
     tokens, heads, _ = problem.q.shape
@@ -226,7 +239,7 @@ def flashmla_prepare(problem: DecodeProblem) -> DecodeRun:
     device = problem.q.device
     k_cache = kv_cache(problem)
     q = padded_query(problem.q, padded)
-    indices = problem.indices.contiguous().unsqueeze(0)  # [1, T, W]
+    indices = padded_indices(problem.indices).unsqueeze(0)  # [1, T, W rounded up]
     out = torch.empty(1, tokens, padded, g.LATENT_DIM, dtype=torch.bfloat16, device=device)
     sched_meta, _ = lib.get_mla_metadata()
     empty = (problem.indices < 0).all(dim=1)
