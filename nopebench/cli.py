@@ -189,7 +189,10 @@ def _close_open_runs(status: str, error: str) -> None:
         records.close_open_runs(status, error)
 
 
-@app.command()
+@app.command(
+    help="Compile the CUDA cache kernels (cached by source hash); "
+    "--compile-only also the SM90 decode kernel."
+)
 def build(
     arch: Annotated[
         str | None,
@@ -199,14 +202,14 @@ def build(
         bool,
         typer.Option(
             "--compile-only",
-            help="Build sm_90a, sm_100a and sm_120a and the SM90 decode kernel without a GPU; load nothing.",
+            help="Build sm_90a, sm_100a and sm_120a and the SM90 decode kernel without a GPU; "
+            "load nothing.",
         ),
     ] = False,
     force: Annotated[
         bool, typer.Option("--force", help="Rebuild even when the source hash is unchanged.")
     ] = False,
 ) -> None:
-    """Compile the CUDA cache kernels (cached by source hash); --compile-only also the SM90 decode kernel."""
     from nopebench.commands import build as command
 
     _dispatch(
@@ -214,7 +217,11 @@ def build(
     )
 
 
-@app.command("verify-layout")
+@app.command(
+    "verify-layout",
+    help="Write random rows into a sentinel-filled cache "
+    "and check every byte of the fp8_ds_mla layout.",
+)
 def verify_layout(
     model: ModelOpt = o.DEFAULT_MODEL,
     impl: Annotated[str, typer.Option(help="reference, cuda or all.")] = o.VerifyLayoutOptions.impl,
@@ -231,21 +238,23 @@ def verify_layout(
     results_dir: ResultsOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Write random rows into a sentinel-filled cache and check every byte of the fp8_ds_mla layout."""
     from nopebench.commands import verify_layout as command
 
     opts = o.VerifyLayoutOptions(model, impl, tokens, seed, sweep, o.Output(results_dir, json_out))
     _dispatch(lambda: command.execute(opts), json_out)
 
 
-@app.command("check-pagetable")
+@app.command(
+    "check-pagetable",
+    help="Check the sparse page table is sized by the top-k buffer width, "
+    "with FlashInfer's own validation.",
+)
 def check_pagetable(
     model: ModelOpt = o.DEFAULT_MODEL,
     seed: Annotated[int, typer.Option(help="Seed for the random decode checks.")] = 0,
     results_dir: ResultsOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Check the sparse page table is sized by the top-k buffer width, with FlashInfer's own validation."""
     from nopebench.commands import check_pagetable as command
 
     opts = o.CheckPagetableOptions(model, seed, o.Output(results_dir, json_out))
@@ -306,7 +315,11 @@ def bench_decode(
     _dispatch(lambda: command.execute(opts), json_out)
 
 
-@app.command("bench-cache")
+@app.command(
+    "bench-cache",
+    help="Throughput of the CUDA cache write and gather/upconvert kernels "
+    "against the torch reference.",
+)
 def bench_cache(
     tokens: Annotated[
         str | None,
@@ -322,7 +335,6 @@ def bench_cache(
     results_dir: ResultsOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Throughput of the CUDA cache write and gather/upconvert kernels against the torch reference."""
     from nopebench.commands import bench_cache as command
 
     _dispatch(

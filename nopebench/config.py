@@ -59,11 +59,13 @@ class ModelConfig(StrictModel):
     def _consistent(self) -> ModelConfig:
         if self.row_bytes == geometry.NOPE_ROW_BYTES and self.qk_rope_head_dim:
             raise ValueError(
-                "row_bytes = 528 (compact NoPE row) needs qk_rope_head_dim = 0; rows with RoPE are 656 bytes"
+                "row_bytes = 528 (compact NoPE row) needs qk_rope_head_dim = 0; "
+                "rows with RoPE are 656 bytes"
             )
         if self.num_heads % self.tensor_parallel:
             raise ValueError(
-                f"num_heads = {self.num_heads} is not divisible by tensor_parallel = {self.tensor_parallel}"
+                f"num_heads = {self.num_heads} is not divisible by "
+                f"tensor_parallel = {self.tensor_parallel}"
             )
         if self.heads_per_gpu > 128:
             raise ValueError(

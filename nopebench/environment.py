@@ -128,7 +128,8 @@ def clock_sampler() -> nvml.ClockSampler:
 
 
 def tool_version(text: str) -> str | None:
-    """'12.6.85' from nvcc's or ptxas's --version ('... release 12.6, V12.6.85'), else the release."""
+    """'12.6.85' from nvcc's or ptxas's --version ('... release 12.6, V12.6.85'), else the
+    release."""
     match = _TOOL_VERSION.search(text)
     if match is None:
         return None

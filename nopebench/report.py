@@ -178,9 +178,9 @@ def section_verify_layout(run: Path, assets: Path) -> str:
     skipped = "".join(f"\n- `{k}` not run: {v}" for k, v in (summary.get("skipped") or {}).items())
     return (
         f"## KV-cache row layout (`verify-layout`, model {summary.get('model')})\n\n"
-        "Each row written into a sentinel-filled cache and checked byte for byte against an independent "
-        "construction. `worst` is the number of mismatching rows for byte checks and the largest "
-        "error / e4m3-bound ratio for the dequantization check (<= 1 passes).\n\n"
+        "Each row written into a sentinel-filled cache and checked byte for byte against an "
+        "independent construction. `worst` is the number of mismatching rows for byte checks and "
+        "the largest error / e4m3-bound ratio for the dequantization check (<= 1 passes).\n\n"
         + md_table(["impl", "check", "cases", "rows", "result", "worst"], g.values.tolist())
         + skipped
         + "\n"
@@ -240,8 +240,9 @@ def section_pagetable(run: Path, assets: Path) -> str:
             assets / "pagetable_widths.png",
         )
         text += (
-            "\nWherever a bar is above zero the pre-fix sizing does not match the buffer: FlashInfer rejects the "
-            f"call, or a kernel would ignore valid entries.\n\n![page-table widths]({path.name})\n"
+            "\nWherever a bar is above zero the pre-fix sizing does not match the buffer: "
+            "FlashInfer rejects the call, or a kernel would ignore valid entries.\n\n"
+            f"![page-table widths]({path.name})\n"
         )
     return text
 
@@ -290,11 +291,12 @@ def section_bench_decode(run: Path, assets: Path) -> str:
     ]
     text = (
         f"## Sparse decode (`bench-decode`)\n\nCeilings measured in the same run: copy "
-        f"{ceil.get('copy_gbps', float('nan')):.0f} GB/s, bf16 matmul {ceil.get('matmul_tflops', float('nan')):.0f} TFLOP/s. "
-        "Cells: median ms over CUDA-graph replays with rotating inputs (% of roofline = the larger of "
-        "bytes / copy bandwidth and FLOPs / matmul rate, over the time). Every timed cell passed its "
-        "correctness check against the reference in the same run, under its implementation's "
-        "accuracy class.\n\n"
+        f"{ceil.get('copy_gbps', float('nan')):.0f} GB/s, "
+        f"bf16 matmul {ceil.get('matmul_tflops', float('nan')):.0f} TFLOP/s. "
+        "Cells: median ms over CUDA-graph replays with rotating inputs (% of roofline = the larger "
+        "of bytes / copy bandwidth and FLOPs / matmul rate, over the time). Every timed cell "
+        "passed its correctness check against the reference in the same run, under its "
+        "implementation's accuracy class.\n\n"
     )
     text += _implementations(df) + "\n" + md_table(["case", *pivot.columns], rows)
     answer = acceptance.nope_answer(df)
@@ -424,7 +426,8 @@ def section_bench_cache(run: Path, assets: Path) -> str:
     text = (
         f"## Cache kernels (`bench-cache`)\n\nCopy bandwidth measured in the same run: "
         f"{summary.get('copy_gbps', float('nan')):.0f} GB/s (read + write). Targets at T >= "
-        f"{summary.get('targets', {}).get('min_tokens', 65536)}: {'all met' if summary.get('all_targets_met') else 'NOT all met'}.\n\n"
+        f"{summary.get('targets', {}).get('min_tokens', 65536)}: "
+        f"{'all met' if summary.get('all_targets_met') else 'NOT all met'}.\n\n"
         + md_table(
             [
                 "op",
@@ -509,15 +512,16 @@ SECTIONS: dict[str, Callable[[Path, Path], str]] = {
 
 
 def build_report(runs: list[Path], out_dir: Path) -> Path:
-    """Write report.md (and its plots) into `out_dir`; an existing report there is never replaced."""
+    """Write report.md (and its plots) into `out_dir`; an existing report there is never
+    replaced."""
     if (out_dir / "report.md").exists():
         raise UsageError(f"{out_dir}: already holds a report.md; reports never overwrite")
     out_dir.mkdir(parents=True, exist_ok=True)
     parts = [
         "# nopebench report\n",
-        "NoPE sparse MLA (GLM-5.3-Flash, `qk_rope_head_dim = 0`) on FlashInfer's sparse MLA backends: "
-        "the fp8_ds_mla cache row (NoPE RoPE lanes zeroed), the sparse page table sized by the top-k "
-        "buffer width, decode speed against the zero-padded RoPE shim, and GSM8K.\n",
+        "NoPE sparse MLA (GLM-5.3-Flash, `qk_rope_head_dim = 0`) on FlashInfer's sparse MLA "
+        "backends: the fp8_ds_mla cache row (NoPE RoPE lanes zeroed), the sparse page table sized "
+        "by the top-k buffer width, decode speed against the zero-padded RoPE shim, and GSM8K.\n",
         "Runs: " + ", ".join(f"`{p}`" for p in runs) + "\n",
         section_environment(runs),
     ]

@@ -62,7 +62,8 @@ def make_problems(count: int, seed: int, tag: str) -> list[Problem]:
         a, b = rng.randint(10, 999), rng.randint(10, 999)
         problems.append(
             Problem(
-                f"{tag} problem {i}: Ann has {a} apples and buys {b} more. How many apples does she have?",
+                f"{tag} problem {i}: Ann has {a} apples and buys {b} more. "
+                "How many apples does she have?",
                 str(a + b),
             )
         )
@@ -72,7 +73,10 @@ def make_problems(count: int, seed: int, tag: str) -> list[Problem]:
 def solution(problem: Problem) -> str:
     """The GSM8K `answer` field: a worked solution ending in `#### N`."""
     a, b = (int(word) for word in problem.question.split() if word.isdigit())
-    return f"She has {a} + {b} = <<{a}+{b}={problem.answer}>>{problem.answer} apples.\n#### {problem.answer}"
+    return (
+        f"She has {a} + {b} = <<{a}+{b}={problem.answer}>>{problem.answer} apples.\n"
+        f"#### {problem.answer}"
+    )
 
 
 def write_jsonl(path: Path, problems: Iterable[Problem]) -> None:
@@ -260,8 +264,8 @@ class FakeOpenAIServer:
         with self._lock:
             if self.crash_after is not None and sum(self.answered.values()) >= self.crash_after:
                 print(
-                    "ValueError: SM120 sparse MLA v32/GLM expects sparse block_tables shape (512, 1, 2048), "
-                    "got (512, 1, 2176)",
+                    "ValueError: SM120 sparse MLA v32/GLM expects sparse block_tables shape "
+                    "(512, 1, 2048), got (512, 1, 2176)",
                     flush=True,
                 )
                 os._exit(1)

@@ -26,7 +26,8 @@ FORMATS = rowformat.SCALE_FORMATS
 
 @pytest.fixture(scope="module")
 def numerics(tmp_path_factory) -> Path:
-    """cache_kernels/cuda/numerics_check.cu compiled for the host with the library's numerics flags."""
+    """cache_kernels/cuda/numerics_check.cu compiled for the host with the library's numerics
+    flags."""
     out = tmp_path_factory.mktemp("numerics") / "numerics_check"
     cmd = [
         str(b.find_nvcc()),

@@ -1,7 +1,7 @@
 """The CUDA kernels' own source, run on the CPU by cache_kernels/cuda/emulator.cpp (lanes as
 coroutines, switched at every warp intrinsic), through nopebench's ctypes binding and
-verify-layout's checks. This is what catches a wrong lane layout, shuffle or request search on a machine
-without a GPU; the numerics' hardware path is left to test_cache_kernels_gpu.py."""
+verify-layout's checks. This is what catches a wrong lane layout, shuffle or request search on a
+machine without a GPU; the numerics' hardware path is left to test_cache_kernels_gpu.py."""
 
 from __future__ import annotations
 

@@ -147,7 +147,8 @@ def test_bundled_data_is_the_published_gsm8k():
                     "launch": {"command": ["vllm", "serve", "m", "--attention-backend", "FLASHMLA"]}
                 },
             },
-            r"launch\.command says --attention-backend FLASHMLA but attention_backend is TRITON_MLA",
+            r"launch\.command says --attention-backend FLASHMLA "
+            r"but attention_backend is TRITON_MLA",
         ),
         (
             {"server": {"log_file": "x.log", "launch": {"command": ["vllm"]}}},

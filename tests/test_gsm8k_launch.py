@@ -78,7 +78,8 @@ def test_launched_server_is_used_then_its_whole_group_stopped(tmp_path):
 def test_early_exit_shows_the_log_tail_and_names_the_missing_fix(tmp_path, capsys):
     code = (
         "print('INFO loading weights', flush=True); "
-        "print('RuntimeError: concat_and_cache_mla, cache_kernels.cu:866, pe_dim must be 64 for fp8_ds_mla'); "
+        "print('RuntimeError: concat_and_cache_mla, cache_kernels.cu:866, "
+        "pe_dim must be 64 for fp8_ds_mla'); "
         "raise SystemExit(3)"
     )
     cfg = _launch_config(tmp_path, [sys.executable, "-c", code])

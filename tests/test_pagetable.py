@@ -165,7 +165,8 @@ def test_padding_checks_catch_kernels_with_the_bugs_they_target(bug):
 def test_a_check_that_raises_is_a_failed_row():
     def boom():
         raise ValueError(
-            "SM120 sparse MLA v32/GLM expects sparse block_tables shape (4, 1, 2048), got (4, 1, 2176)"
+            "SM120 sparse MLA v32/GLM expects sparse block_tables shape (4, 1, 2048), "
+            "got (4, 1, 2176)"
         )
 
     (r,) = pagetable.guarded("x", "impl", boom)

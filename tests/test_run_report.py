@@ -49,8 +49,8 @@ def test_report_numbers_come_from_the_runs_it_names(main_run):
     checks = pd.read_csv(layout_dir / "checks.csv")
     assert str(layout_dir) in text
     assert (
-        f"| reference | scales exact | 1 | {int(checks[checks.check == 'scales exact'].rows.sum())} | pass |"
-        in text
+        "| reference | scales exact | 1 | "
+        f"{int(checks[checks.check == 'scales exact'].rows.sum())} | pass |" in text
     )
     assert (
         "![page-table widths](pagetable_widths.png)" in text

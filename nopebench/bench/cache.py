@@ -139,7 +139,10 @@ def _diff(what: str, got: torch.Tensor, expected: torch.Tensor) -> str | None:
     bad = (got != expected).reshape(-1, got.shape[-1]).any(dim=1)  # per cache slot / output row
     if not bool(bad.any()):
         return None
-    return f"{what} differ from the CPU reference in {int(bad.sum())} of {bad.numel()} rows, first row {int(torch.nonzero(bad)[0])}"
+    return (
+        f"{what} differ from the CPU reference in {int(bad.sum())} of {bad.numel()} rows, "
+        f"first row {int(torch.nonzero(bad)[0])}"
+    )
 
 
 # ---------------------------------------------------------------- timing

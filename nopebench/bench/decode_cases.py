@@ -134,7 +134,8 @@ class BenchConfig(StrictModel):
             bad = [v for v in getattr(self, key) if v <= 0 or (key == "heads" and v > 128)]
             if bad:
                 raise ValueError(
-                    f"{key} must be positive{' and at most 128' if key == 'heads' else ''}, got {bad}"
+                    f"{key} must be positive{' and at most 128' if key == 'heads' else ''}, "
+                    f"got {bad}"
                 )
         _check_widths(self.widths, "widths")
         return self

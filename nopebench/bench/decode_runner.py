@@ -127,7 +127,10 @@ def run_case(
         rows.append(row)
         reason = spec.unsupported(problem0)
         if reason is None and name == "reference" and case.query_tokens > cfg.reference_max_tokens:
-            reason = f"reference is timed up to {cfg.reference_max_tokens} query tokens (config reference_max_tokens)"
+            reason = (
+                f"reference is timed up to {cfg.reference_max_tokens} query tokens "
+                "(config reference_max_tokens)"
+            )
         if reason is not None:
             row["skipped"] = reason
             continue

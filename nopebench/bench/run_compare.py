@@ -97,7 +97,8 @@ def load_run(path: Path, label: str) -> Run:
         raise UsageError(f"{label} {path}: the run has not finished (status running)")
     if kind == "run":
         raise UsageError(
-            f"{label} {path}: a main-job run; give its bench-decode/ or bench-cache/ step's directory"
+            f"{label} {path}: a main-job run; "
+            "give its bench-decode/ or bench-cache/ step's directory"
         )
     if kind not in CELL_KEYS:
         raise UsageError(

@@ -45,7 +45,10 @@ class LayoutCase:
     def case_id(self) -> str:
         rope = f"rope{self.rope_dim}" if self.rope_dim else "nope"
         stride = "strided" if self.strided_inputs else "contig"
-        return f"T{self.tokens}-bs{self.block_size}-row{self.row_bytes}-{rope}-{self.scale_format}-{stride}"
+        return (
+            f"T{self.tokens}-bs{self.block_size}-row{self.row_bytes}-{rope}-{self.scale_format}"
+            f"-{stride}"
+        )
 
     @property
     def seed(self) -> int:
@@ -478,7 +481,10 @@ def _untouched_check(
     passed = not changed.size and not guard_hit
     detail = ""
     if changed.size:
-        detail = f"{changed.size} skipped/untouched slots were written, first slot {int(np.nonzero(untouched)[0][changed[0]])}"
+        detail = (
+            f"{changed.size} skipped/untouched slots were written, "
+            f"first slot {int(np.nonzero(untouched)[0][changed[0]])}"
+        )
     if guard_hit:
         detail += ("; " if detail else "") + "bytes outside the cache (guard rows) were written"
     return CheckResult(

@@ -227,7 +227,8 @@ def width_checks(cfg: ModelConfig) -> tuple[list[dict], list[dict]]:
             "buffer-width",
             "-",
             facts["width_ok"],
-            f"round_up({cfg.index_topk} + {cfg.index_kpool} - 1, {g.TOPK_ALIGN}) = {facts['width']}; "
+            f"round_up({cfg.index_topk} + {cfg.index_kpool} - 1, {g.TOPK_ALIGN}) "
+            f"= {facts['width']}; "
             f"at most {facts['max_active']} active, the rest -1",
         )
     ]
@@ -433,8 +434,9 @@ def capture_replay(
         "cuda-graph-capture",
         spec.name,
         replay.passed and to_ref.passed,
-        f"T={problem.tokens} H={problem.heads} W={problem.width}: captured and replayed; replay vs eager "
-        f"{'bit-exact' if exact else replay.detail}; eager vs reference {to_ref.detail}",
+        f"T={problem.tokens} H={problem.heads} W={problem.width}: captured and replayed; "
+        f"replay vs eager {'bit-exact' if exact else replay.detail}; "
+        f"eager vs reference {to_ref.detail}",
         max_abs_err=replay.max_abs_err,
         cos_diff=to_ref.cos_diff,
     )
@@ -456,8 +458,9 @@ def control_rows() -> list[dict]:
             "dsv32-control",
             "-",
             same,
-            f"{cfg.name}: width {cfg.topk_width}, index_topk {cfg.index_topk}; fixed and pre-fix sizing "
-            f"{'agree' if same else 'differ'} ({fixed.sparse_mla_top_k} / {prefix.sparse_mla_top_k})",
+            f"{cfg.name}: width {cfg.topk_width}, index_topk {cfg.index_topk}; "
+            f"fixed and pre-fix sizing {'agree' if same else 'differ'} "
+            f"({fixed.sparse_mla_top_k} / {prefix.sparse_mla_top_k})",
         )
     ]
     return rows + validation_rows(cfg, check="dsv32-control")

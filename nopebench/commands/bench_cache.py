@@ -78,5 +78,7 @@ def print_table(rows: list[dict], summary: dict) -> None:
         missed = [k for k, ok in met.items() if not ok]
         line = "all met" if not missed else f"missed: {', '.join(missed)}"
         out.console.print(
-            f"targets at T >= {cache.TARGET_MIN_TOKENS} (>= {cache.TARGET_PCT_COPY:.0f}% of copy, >= {cache.TARGET_SPEEDUP:.0f}x torch): {line}"
+            f"targets at T >= {cache.TARGET_MIN_TOKENS} "
+            f"(>= {cache.TARGET_PCT_COPY:.0f}% of copy, >= {cache.TARGET_SPEEDUP:.0f}x torch): "
+            f"{line}"
         )

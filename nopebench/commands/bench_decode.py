@@ -238,7 +238,8 @@ def print_tables(
     df: pd.DataFrame, crit: list[acceptance.Criterion], answer: pd.DataFrame, ceil: dict
 ) -> None:
     out.console.print(
-        f"ceilings: copy {ceil['copy_gbps']:.0f} GB/s, bf16 matmul {ceil['matmul_tflops']:.0f} TFLOP/s"
+        f"ceilings: copy {ceil['copy_gbps']:.0f} GB/s, "
+        f"bf16 matmul {ceil['matmul_tflops']:.0f} TFLOP/s"
     )
     out.console.print(
         out.table(

@@ -76,7 +76,8 @@ def execute(opts: CompareOptions) -> int:
     )
     con.print(
         out.table(
-            "per cell: median ms and spread ((p90 - p10) / median); marked beyond the larger spread",
+            "per cell: median ms and spread ((p90 - p10) / median); "
+            "marked beyond the larger spread",
             table_columns(comparison),
             [[_styled(cell) for cell in row] for row in table_rows(comparison)],
         )

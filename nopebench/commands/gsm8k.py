@@ -144,7 +144,8 @@ def _start_run(
         ended = resumed_status(resume)
         how = " (its process is gone: died)" if ended == "died" else ""
         out.console.print(
-            f"resuming {resume}{how}: {cached_answers(run.file(CACHE_FILE))} finished answers reused"
+            f"resuming {resume}{how}: "
+            f"{cached_answers(run.file(CACHE_FILE))} finished answers reused"
         )
     return run
 

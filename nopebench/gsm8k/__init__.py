@@ -3,11 +3,11 @@
 The end-to-end check of the NoPE fixes: a model whose sparse MLA runs on the fixed kernels
 must still score as published. Usage:
 
-    nopebench gsm8k --config glm53-flash-nvfp4-tp4                  # launch vLLM, evaluate, stop it
-    nopebench gsm8k --config glm53-flash-nvfp4-tp4 --base-url URL   # evaluate a running server
-    nopebench gsm8k --config ... --data DIR                         # offline: DIR/{train,test}.jsonl
-    nopebench gsm8k --config ... --limit 50                         # the first 50 problems only
-    nopebench gsm8k --config ... --resume results/gsm8k/<run>       # continue a failed/killed run
+    nopebench gsm8k --config glm53-flash-nvfp4-tp4                 # launch vLLM, evaluate, stop it
+    nopebench gsm8k --config glm53-flash-nvfp4-tp4 --base-url URL  # evaluate a running server
+    nopebench gsm8k --config ... --data DIR                        # offline: DIR/{train,test}.jsonl
+    nopebench gsm8k --config ... --limit 50                        # the first 50 problems only
+    nopebench gsm8k --config ... --resume results/gsm8k/<run>      # continue a failed/killed run
 
 Without --data the problems come from the model hub (openai/gsm8k); with it no hub is contacted.
 A run directory holds config.json, task.yaml, server.log (launch mode), lm_eval.log, the request

@@ -111,7 +111,8 @@ class ServerConfig(StrictModel):
             port = self.launch.command[i + 1] if i + 1 < len(self.launch.command) else None
             if port != str(parts.port):
                 raise ValueError(
-                    f"launch.command says --port {port} but base_url {self.base_url!r} has port {parts.port}"
+                    f"launch.command says --port {port} but base_url {self.base_url!r} "
+                    f"has port {parts.port}"
                 )
         return self
 

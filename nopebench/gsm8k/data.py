@@ -88,7 +88,8 @@ def check_local_data(directory: str | Path) -> LocalData:
     missing = [p.name for p in files.values() if not p.is_file()]
     if missing:
         raise UsageError(
-            f"GSM8K data: {root} has no {' or '.join(missing)} (expected train.jsonl and test.jsonl)"
+            f"GSM8K data: {root} has no {' or '.join(missing)} "
+            "(expected train.jsonl and test.jsonl)"
         )
     return LocalData(root, files, {split: _check_jsonl(path) for split, path in files.items()})
 
@@ -205,8 +206,9 @@ def load_task(task_dir: Path, data: DataConfig, local: LocalData | None):
                     f"GSM8K data: cannot load {local.dir} ({_first_line(exc)})"
                 ) from None
             raise UsageError(
-                f"GSM8K data: cannot load {data.hub_path} ({data.hub_name}) from the model hub or its cache "
-                f"({_first_line(exc)}); pass --data DIR with train.jsonl and test.jsonl to run offline"
+                f"GSM8K data: cannot load {data.hub_path} ({data.hub_name}) "
+                f"from the model hub or its cache ({_first_line(exc)}); "
+                "pass --data DIR with train.jsonl and test.jsonl to run offline"
             ) from None
     return manager, task
 

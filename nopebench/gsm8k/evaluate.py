@@ -284,7 +284,10 @@ def describe_failure(exc: BaseException, cfg: Gsm8kConfig) -> str:
         return str(exc)
     attempts = f"after {cfg.max_retries} attempt{'s' if cfg.max_retries > 1 else ''}"
     if isinstance(exc, aiohttp.ClientResponseError):
-        return f"a request failed {attempts}: HTTP {exc.status} {exc.message} from {exc.request_info.real_url}"
+        return (
+            f"a request failed {attempts}: HTTP {exc.status} {exc.message} "
+            f"from {exc.request_info.real_url}"
+        )
     if isinstance(exc, aiohttp.ClientConnectorError):
         return f"a request failed {attempts}: cannot connect to {cfg.endpoint()} ({exc.os_error})"
     if isinstance(exc, aiohttp.ServerDisconnectedError):

@@ -141,7 +141,8 @@ def check_server(base_url: str, model: str) -> None:
         ) from None
     except OSError as exc:
         raise UsageError(
-            f"server {base_url} is not reachable ({_reason(exc)}); start it, or use a config with server.launch"
+            f"server {base_url} is not reachable ({_reason(exc)}); "
+            "start it, or use a config with server.launch"
         ) from None
     _require_model(base_url, model, models)
 
@@ -178,7 +179,8 @@ def check_port_free(base_url: str) -> None:
     except OSError:
         return
     raise UsageError(
-        f"something already listens at {base_url}; stop it, or evaluate it with --base-url {base_url}"
+        f"something already listens at {base_url}; "
+        f"stop it, or evaluate it with --base-url {base_url}"
     )
 
 
@@ -313,7 +315,10 @@ def _report_early_exit(server: LaunchedServer) -> None:
     out.err_console.print(
         tail or "(empty log)", markup=False, highlight=False, style="dim", soft_wrap=True
     )
-    message = f"the launched server exited with code {server.exit_code()} before it was ready (log: {server.log_path})"
+    message = (
+        f"the launched server exited with code {server.exit_code()} before it was ready "
+        f"(log: {server.log_path})"
+    )
     why = server.diagnosis()
     if why:
         message += f"; known failure: {why}"

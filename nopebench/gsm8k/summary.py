@@ -153,6 +153,9 @@ def print_summary(cfg: Gsm8kConfig, summary: dict[str, Any], run_path: Path) -> 
                 "the threshold is for the full run",
             )
         )
-    title = f"GSM8K {cfg.name}: {cfg.model} via /v1/{'chat/completions' if cfg.api == 'chat' else 'completions'}"
+    title = (
+        f"GSM8K {cfg.name}: {cfg.model} "
+        f"via /v1/{'chat/completions' if cfg.api == 'chat' else 'completions'}"
+    )
     out.console.print(out.table(title, ["", "value"], rows))
     out.console.print(f"results: {run_path}")

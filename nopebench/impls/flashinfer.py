@@ -92,7 +92,10 @@ def sm120_unsupported(problem: DecodeProblem) -> str | None:
     if reason:
         return reason
     if problem.rope_dim == 0 and problem.kv_scale_format != "arbitrary_fp32":
-        return f"{impl}: GLM53_NOPE (512-wide queries) needs kv_scale_format arbitrary_fp32, got {problem.kv_scale_format}"
+        return (
+            f"{impl}: GLM53_NOPE (512-wide queries) needs kv_scale_format arbitrary_fp32, "
+            f"got {problem.kv_scale_format}"
+        )
     if problem.rope_dim and problem.cache.shape[-1] != g.FULL_ROW_BYTES:
         return f"{impl}: 576-wide queries need 656-byte rows"
     if problem.heads > 128:
