@@ -1,7 +1,7 @@
 """End to end: `nopebench gsm8k` against a real vLLM server (vLLM's CPU build) that it launches.
 
 The server serves a tiny Llama built offline here (tests/vllm_tiny_model.py: random weights, a
-tokenizer trained on the bundled GSM8K train split), with configs/gsm8k/tiny-llama-cpu.yaml.
+tokenizer trained on the bundled GSM8K train split), with nopebench/configs/gsm8k/tiny-llama-cpu.yaml.
 What is real: the server, its engine processes (EngineCore, Worker), tokenization, scheduling,
 generation, /metrics, start-up and shutdown. What is not checked: the score; random weights
 score about 0, so that config's threshold is 0.
@@ -31,14 +31,14 @@ import pytest
 import yaml
 from gsm8k_helpers import cache_rows, free_port, process_gone, read_json, run_dirs, wait_for
 
-from nopebench.config import REPO_ROOT
+from nopebench.config import CONFIG_ROOT, REPO_ROOT
 from nopebench.errors import EXIT_CHECK_FAILED, EXIT_OK
 from nopebench.gsm8k.config import BUNDLED_DATA
 
 pytestmark = pytest.mark.e2e
 
 VENV = Path(os.environ.get("NOPEBENCH_VLLM_VENV", REPO_ROOT / ".venv-vllm")).resolve()
-CONFIG = REPO_ROOT / "configs" / "gsm8k" / "tiny-llama-cpu.yaml"
+CONFIG = CONFIG_ROOT / "gsm8k" / "tiny-llama-cpu.yaml"
 BUILDER = Path(__file__).resolve().parent / "vllm_tiny_model.py"
 RUN_TIMEOUT_S = 900  # one run: server start-up (1-3 min here) and 8 short questions
 STOP_TIMEOUT_S = 90
@@ -106,7 +106,7 @@ def _localize(value):
 
 
 def write_e2e_config(path: Path, port: int, **fields) -> Path:
-    """configs/gsm8k/tiny-llama-cpu.yaml as it runs here: a free port and absolute paths."""
+    """nopebench/configs/gsm8k/tiny-llama-cpu.yaml as it runs here: a free port and absolute paths."""
     cfg = yaml.safe_load(CONFIG.read_text())
     launch = cfg["server"]["launch"]
     launch["command"] = [_localize(part) for part in launch["command"]]

@@ -8,7 +8,7 @@
 # 1. install the carried wheels into /tmp/site; put .flashmla (FlashMLA from vLLM's build) on
 #    PYTHONPATH
 # 2. the flashmla GPU tests (every layout and head padding against the reference, graph replay)
-# 3. the full bench-decode grid (configs/bench/h200-nope.yaml) with native, flashmla,
+# 3. the full bench-decode grid (nopebench/configs/bench/h200-nope.yaml) with native, flashmla,
 #    flashinfer-fa3-bf16 and flashinfer-fa3-fp8 in one run
 # 4. a short table: NoPE against the best shim and the best deployable path, the accuracy of
 #    each implementation, the criteria
