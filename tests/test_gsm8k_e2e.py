@@ -1,7 +1,8 @@
 """End to end: `nopebench gsm8k` against a real vLLM server (vLLM's CPU build) that it launches.
 
 The server serves a tiny Llama built offline here (tests/vllm_tiny_model.py: random weights, a
-tokenizer trained on the bundled GSM8K train split), with nopebench/configs/gsm8k/tiny-llama-cpu.yaml.
+tokenizer trained on the bundled GSM8K train split), with the shipped config
+nopebench/configs/gsm8k/tiny-llama-cpu.yaml.
 What is real: the server, its engine processes (EngineCore, Worker), tokenization, scheduling,
 generation, /metrics, start-up and shutdown. What is not checked: the score; random weights
 score about 0, so that config's threshold is 0.
@@ -106,7 +107,7 @@ def _localize(value):
 
 
 def write_e2e_config(path: Path, port: int, **fields) -> Path:
-    """nopebench/configs/gsm8k/tiny-llama-cpu.yaml as it runs here: a free port and absolute paths."""
+    """The shipped tiny-llama-cpu config as it runs here: a free port and absolute paths."""
     cfg = yaml.safe_load(CONFIG.read_text())
     launch = cfg["server"]["launch"]
     launch["command"] = [_localize(part) for part in launch["command"]]
