@@ -294,7 +294,8 @@ def test_real_server_answers_each_question_once_and_its_tree_is_stopped(tmp_path
 
     log = (run / "server.log").read_text(errors="replace")
     assert "Application startup complete" in log  # the real server came up; /health gated the run
-    assert record["status"] == "passed" and summary["n"] == limit
+    # a --limit sample is reported, not judged against the full run's threshold: status done
+    assert record["status"] == "done" and summary["n"] == limit and summary["passed"] is None
     assert (summary["asked"], summary["from_cache"], summary["retries"]) == (limit, 0, 0)
     counted = summary["server_requests"]
     say(
