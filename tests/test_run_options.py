@@ -3,6 +3,8 @@ the single commands get."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from typer.testing import CliRunner
 
@@ -72,6 +74,9 @@ def test_run_passes_model_and_gsm8k_config_to_every_step(recorded, tmp_path):
         assert recorded[kind].model == "dsv32"
     assert recorded[Gsm8kOptions].config == "glm53-flash-nvfp4-tp4"
     run_dir = next((tmp_path / "run").iterdir())
+    steps = {s["step"]: s for s in json.loads((run_dir / "steps.json").read_text())}
+    assert steps["verify-layout"]["options"]["model"] == "dsv32"  # the record says so too
+    assert steps["gsm8k"]["options"]["config"] == "glm53-flash-nvfp4-tp4"
     for opts in recorded.values():  # each step writes inside this run's directory
         output = getattr(opts, "output", None)
         root = output.results_dir if output is not None else getattr(opts, "results_dir", run_dir)

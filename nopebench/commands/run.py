@@ -15,7 +15,7 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from nopebench import console as out
@@ -37,7 +37,7 @@ from nopebench.records import RunDir, check_results_root, close_open_runs, write
 class Step:
     """One command of the main job. `unavailable()` is None when this machine can run it, else
     the reason it is skipped; `run()` returns the command's exit code; `options` is what it runs
-    with."""
+    with (recorded in steps.json)."""
 
     name: str
     unavailable: Callable[[], str | None]
@@ -165,6 +165,7 @@ def execute(opts: RunOptions) -> int:
                 "status": status,
                 "detail": detail,
                 "seconds": round(time.perf_counter() - started, 2),
+                "options": asdict(step.options) if step.options is not None else None,
             }
         )
         write_json(run.file("steps.json"), records)  # after each step: a crash leaves what ran
