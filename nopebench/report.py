@@ -308,35 +308,8 @@ def section_bench_decode(run: Path, assets: Path) -> str:
             "(bounds such as fa3 over a bf16 copy excluded); *own shim*: the same "
             "implementation's shim.\n\n"
             + md_table(
-                [
-                    "impl",
-                    "mode",
-                    "heads",
-                    "tokens",
-                    "width",
-                    "NoPE ms",
-                    "best shim ms (impl)",
-                    "vs best shim",
-                    "best deployable ms (impl mode)",
-                    "vs best deployable",
-                    "vs own shim",
-                ],
-                [
-                    [
-                        r.impl,
-                        r.mode,
-                        r.heads,
-                        r.query_tokens,
-                        r.width,
-                        r.nope_ms,
-                        f"{md_cell(r.best_shim_ms)} ({md_cell(r.best_shim)})",
-                        _ratio(r.vs_best_shim),
-                        f"{md_cell(r.best_deployable_ms)} ({md_cell(r.best_deployable)})",
-                        _ratio(r.vs_best_deployable),
-                        _ratio(r.vs_own_shim),
-                    ]
-                    for r in answer.itertuples()
-                ],
+                list(acceptance.ANSWER_COLUMNS),
+                acceptance.answer_rows(answer, md_cell, md_cell),
             )
         )
     specs, note = _run_criteria(summary)
@@ -365,10 +338,6 @@ def section_bench_decode(run: Path, assets: Path) -> str:
     text += "".join(f"\n- `{r.impl}` not run: {r.skipped}" for r in skipped.itertuples())
     text += "\n" + "".join(f"\n![{p.stem}]({p.name})\n" for p in plots)
     return text
-
-
-def _ratio(value: object) -> str:
-    return "-" if value is None or pd.isna(value) else f"{value:.2f}x"
 
 
 def _implementations(df: pd.DataFrame) -> str:

@@ -4,7 +4,7 @@ report all read these."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import pandas as pd
@@ -208,3 +208,46 @@ def mark_regressions(
     tolerance = spread_tolerance(merged["spread"], merged["baseline_spread"])
     merged["regression"] = (merged.vs_baseline - 1 > tolerance) & merged.baseline_ms.notna()
     return merged
+
+
+ANSWER_COLUMNS = (
+    "impl",
+    "mode",
+    "heads",
+    "tokens",
+    "width",
+    "NoPE ms",
+    "best shim ms (impl)",
+    "vs best shim",
+    "best deployable ms (impl mode)",
+    "vs best deployable",
+    "vs own shim",
+)
+
+
+def ratio_text(value: object) -> str:
+    """A ratio of times as printed: '1.23x', or '-' where there is none."""
+    return "-" if value is None or pd.isna(value) else f"{value:.2f}x"
+
+
+def answer_rows(
+    answer: pd.DataFrame, ms: Callable[[object], str], text: Callable[[object], str]
+) -> list[list[object]]:
+    """`nope_answer`'s rows under ANSWER_COLUMNS, for the terminal and the report alike; `ms`
+    and `text` format times and implementation names for the medium."""
+    return [
+        [
+            r.impl,
+            r.mode,
+            r.heads,
+            r.query_tokens,
+            r.width,
+            ms(r.nope_ms),
+            f"{ms(r.best_shim_ms)} ({text(r.best_shim)})",
+            ratio_text(r.vs_best_shim),
+            f"{ms(r.best_deployable_ms)} ({text(r.best_deployable)})",
+            ratio_text(r.vs_best_deployable),
+            ratio_text(r.vs_own_shim),
+        ]
+        for r in answer.itertuples()
+    ]

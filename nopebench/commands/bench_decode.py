@@ -167,10 +167,6 @@ def _ms(value: float | None) -> str:
     )
 
 
-def _x(value: float | None) -> str:
-    return "-" if value is None or pd.isna(value) else f"{value:.2f}x"
-
-
 def _text(value: object) -> str:
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
 
@@ -195,38 +191,6 @@ def peers_rows(df: pd.DataFrame) -> list[list[str]]:
     return rows
 
 
-def answer_rows(answer: pd.DataFrame) -> list[list[object]]:
-    return [
-        [
-            r.impl,
-            r.mode,
-            r.heads,
-            r.query_tokens,
-            r.width,
-            _ms(r.nope_ms),
-            f"{_ms(r.best_shim_ms)} ({_text(r.best_shim)})",
-            _x(r.vs_best_shim),
-            f"{_ms(r.best_deployable_ms)} ({_text(r.best_deployable)})",
-            _x(r.vs_best_deployable),
-            _x(r.vs_own_shim),
-        ]
-        for r in answer.itertuples()
-    ]
-
-
-ANSWER_COLUMNS = [
-    "impl",
-    "mode",
-    "heads",
-    "tokens",
-    "width",
-    "NoPE ms",
-    "best shim ms (impl)",
-    "vs best shim",
-    "best deployable fp8 ms (impl mode)",
-    "vs best deployable",
-    "vs own shim",
-]
 ANSWER_NOTE = (
     "vs X = X's time / this NoPE time (> 1: NoPE is faster). best shim: over every "
     "implementation that ran; best deployable: over the implementations a serving engine runs "
@@ -272,7 +236,11 @@ def print_tables(
         out.console.print(f"[red]{r.case} {r.impl}: {r.error}[/]", highlight=False)
     if not answer.empty:
         out.console.print(
-            out.table("NoPE against the shim, median ms", ANSWER_COLUMNS, answer_rows(answer))
+            out.table(
+                "NoPE against the shim, median ms",
+                acceptance.ANSWER_COLUMNS,
+                acceptance.answer_rows(answer, _ms, _text),
+            )
         )
         out.console.print(f"[dim]{ANSWER_NOTE}[/]", highlight=False)
     out.console.print(
