@@ -59,17 +59,21 @@ UNWRITTEN = 0xFF  # the byte of a slot no writer touched (NaN as fp8 and as an f
 # width of 2051): index rows are padded with -1 to a multiple of this, a multiple of its block.
 INDEX_ALIGN = 128
 
-# FlashMLA's sparse fp8 decode measured on one H200 (vLLM 0.33.0's build; the NoPE problems fed
-# as the shim), against the reference over the same dequantized cache
-# (results/reference/h200-bench-decode-full/):
-# - the full bench-decode grid (widths 2048 and 2176, 2051 active): cosine difference up to
-#   6.3e-6, at most 0.0046% of elements outside abs 1e-3 / rel 2/128, natural-log LSE off by up
-#   to 1.12e-3 (at 128 heads x 512 tokens);
-# - the GPU tests' small problems (width 256, 200 active): cosine difference 1.0e-5 to 1.06e-5
-#   and 1.2% to 1.5% of elements outside that element rule, in every shape and layout.
-# Its class keeps the element rule and allows 2% of elements outside it, a cosine difference of
-# 2e-5 and an LSE error of 2e-3. The strict rule (FlashMLA's own test bound) is recorded beside
-# it in every row (`passed_strict`). Reading only 2048 of a row's 2051 valid entries moves the
+# FlashMLA's accuracy class, and why it differs from the strict one. FlashMLA multiplies each
+# fp8 value by its tile's scale rounded to bf16; the reference multiplies by the fp32 scale and
+# rounds the product. A bf16 scale is off by up to 2**-9 relative, the same for all 128 values of
+# a tile, so FlashMLA attends over a slightly different cache (exactly the same one where scales
+# are powers of two). Measured on one H200 (vLLM 0.33.0's build; NoPE problems fed as the shim):
+# - the GPU tests' problems (200 active entries): cosine difference 1.0e-5 to 1.06e-5, 1.2% to
+#   1.5% of elements outside abs 1e-3 / rel 2/128, natural-log LSE off by 1.2e-3 to 3.8e-3
+#   (largest at 64 heads x 200 tokens). The reference run over bf16-rounded scales reproduces
+#   these LSE errors to three digits on the CPU, and its outputs the same cosine and fractions
+#   (tests/test_flashmla.py holds both sides to that);
+# - the full bench-decode grid (2051 active): cosine difference up to 6.3e-6, at most 0.0046% of
+#   elements outside, LSE off by up to 1.12e-3.
+# The class keeps the element rule and allows 2% of elements outside it, a cosine difference of
+# 2e-5 and an LSE error of 5e-3. The strict rule (FlashMLA's own test bound) is recorded beside it
+# in every row (`passed_strict`). Reading only 2048 of a row's 2051 valid entries moves the
 # cosine by ~1.5e-4, 7x past this class (tests/test_adapter_memo.py).
 FLASHMLA_TOLERANCE = Tolerance(
     1e-3,
@@ -78,7 +82,7 @@ FLASHMLA_TOLERANCE = Tolerance(
     "FlashMLA's measured accuracy class (H200)",
     max_mismatch=2e-2,
     name="flashmla",
-    lse_abs_tol=2e-3,
+    lse_abs_tol=5e-3,
 )
 
 
