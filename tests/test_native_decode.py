@@ -76,36 +76,52 @@ def test_plan_splits_only_when_programs_are_few():
 def test_single_role_plan_takes_the_most_heads_that_still_fill_the_sms():
     """H200, results/reference/decode-tuning/hopper/few-programs-scan.csv: with few query tokens
     the most heads per program that shared memory holds while (token, head block) programs cut
-    into one-block splits still cover the 132 SMs, and no split from half the SMs on."""
+    into one-block splits still cover the 132 SMs, and no split from half the SMs on. The split
+    count keeps the programs within one wave (decode-tuning/few-tokens/tune.csv)."""
 
     def shape(tokens, heads, rope=False):
         plan = plan_hopper(tokens, heads, 2176, rope, sms=132)
         return plan.block_h, plan.splits
 
-    assert shape(8, 64) == (64, 17)  # 0.036 ms; 16 heads per program (the old plan) 0.049
-    assert shape(8, 128) == (64, 9)  # 0.045; 16 heads 0.079
-    assert shape(8, 64, rope=True) == (32, 9)  # 64 heads with RoPE lanes do not fit
+    assert shape(8, 64) == (64, 12)  # 96 programs: 0.025 ms; 17 splits (136 programs) 0.036
+    assert shape(8, 128) == (64, 7)  # 112 programs: 0.035; 9 splits (144 programs) 0.045
+    assert shape(8, 64, rope=True) == (32, 7)  # 64 heads with RoPE lanes do not fit
     assert shape(1, 128) == (32, 17)  # 4 programs x 34 one-block splits cover the SMs; 64 would not
     assert shape(1, 64)[0] == 16 and shape(1, 16)[0] == 16  # nothing larger can fill the SMs
-    assert shape(64, 64) == (64, 3)  # 64 programs: split
-    assert shape(128, 64) == (64, 1) and shape(64, 128) == (
-        64,
-        1,
-    )  # 128 programs: 0.157 against 0.172 split in 2
+    assert shape(64, 64) == (64, 2)  # 64 programs: split in 2, 0.088; in 3 (192 programs) 0.119
+    # 128 programs: 0.157 against 0.172 split in 2
+    assert shape(128, 64) == (64, 1) and shape(64, 128) == (64, 1)
     assert shape(64, 64, rope=True) == (32, 1)  # 0.134 against 0.143
 
 
+def test_splits_keep_the_programs_within_one_wave():
+    for planner in (
+        lambda t, h: plan_hopper(t, h, 2176, False, 132),
+        lambda t, h: plan_hopper_ws(t, h, 2176, 132),
+        lambda t, h: plan_hopper_wide(t, h, 2176, 132),
+    ):
+        for tokens in (2, 8, 16, 64):
+            for heads in (16, 32, 64, 128):
+                plan = planner(tokens, heads)
+                if plan.kernel == "hopper_ws" and plan.block_h > heads:
+                    continue
+                assert tokens * plan.programs <= 132 or plan.splits == 1, (tokens, heads, plan)
+
+
 def test_warp_specialised_kernel_is_chosen_where_it_was_measured_faster():
-    """NoPE with at most 16 heads, or at most 32 heads and 64 tokens or more (H200,
+    """NoPE with at most 16 heads, or at most 32 heads and 8 tokens or more (H200,
     results/reference/decode-tuning/hopper-ws/tune-ws-split.csv, as planned: 16 heads 0.293 vs
-    0.337 ms at 512 tokens, 0.018 vs 0.022 at 8, a tie at 1; 32 heads 0.360 vs 0.497 at 512,
-    0.084 vs 0.121 at 64; at 8 tokens a single-role variant is faster, 0.025 vs 0.026; at 64
-    heads two blocks of 32 lose, 0.698 vs 0.596)."""
+    0.337 ms at 512 tokens, 0.018 vs 0.022 at 8, a tie at 1; 32 heads 0.360 vs 0.497 at 512;
+    decode-tuning/few-tokens/tune.csv: 32 heads in one program, one consumer, 0.0166 vs 0.0195
+    single-role at 8 tokens, 0.052 vs 0.072 at 64; at 64 heads two blocks of 32 lose, 0.698 vs
+    0.596)."""
     assert use_hopper_ws(512, 16, 0) and use_hopper_ws(512, 32, 0) and use_hopper_ws(64, 20, 0)
-    assert use_hopper_ws(8, 16, 0) and use_hopper_ws(1, 16, 0)
+    assert use_hopper_ws(8, 16, 0) and use_hopper_ws(1, 16, 0) and use_hopper_ws(8, 32, 0)
     assert not use_hopper_ws(512, 16, 64)  # RoPE rows
     assert not use_hopper_ws(512, 64, 0) and not use_hopper_ws(512, 128, 0)
-    assert not use_hopper_ws(8, 32, 0) and not use_hopper_ws(1, 20, 0)
+    assert not use_hopper_ws(1, 32, 0) and not use_hopper_ws(1, 20, 0)
+    plan = plan_hopper_ws(8, 32, 2176, 132)
+    assert (plan.block_h, plan.role_split, plan.splits) == (32, False, 12)
 
 
 def test_64_head_kernel_is_chosen_where_the_single_role_plan_takes_64_heads():

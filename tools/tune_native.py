@@ -27,6 +27,7 @@ from nopebench.environment import environment_header
 from nopebench.impls.native.adapter import native_decode
 from nopebench.impls.native.plans import (
     LaunchPlan,
+    next_pow2,
     plan_hopper,
     plan_hopper_wide,
     plan_hopper_ws,
@@ -88,9 +89,11 @@ def explore(heads: int, tokens: int) -> list[dict]:
     ]
 
 
-def hopper_variants(heads: int, tokens: int, rope: bool, few_scan: bool = False) -> list[dict]:
+def hopper_variants(
+    heads: int, tokens: int, rope: bool, few_scan: bool = False, wave_scan: bool = False
+) -> list[dict]:
     """The SM90 Gluon kernel: its default plan, then the alternatives the planner chose between
-    (with `few_scan`, also `planner_scan`'s)."""
+    (with `few_scan`, also `planner_scan`'s; with `wave_scan`, `split_scan`'s instead)."""
     cands = [
         dict(kernel="hopper"),
         dict(kernel="hopper", block_n=64),
@@ -116,6 +119,8 @@ def hopper_variants(heads: int, tokens: int, rope: bool, few_scan: bool = False)
     if not rope and heads > 32:
         # The 64-head kernel: its plan (three ring slots) and two.
         cands += [dict(kernel="hopper_wide"), dict(kernel="hopper_wide", slots=2)]
+    if wave_scan:
+        cands = split_scan(heads, tokens, rope)
     out, seen = [], set()
     for v in cands + (planner_scan(heads, tokens, rope) if few_scan else []):
         try:
@@ -147,6 +152,33 @@ def planner_scan(heads: int, tokens: int, rope: bool) -> list[dict]:
             out.append(dict(kernel="hopper", block_h=bh, block_n=64, stages=2, splits=splits))
     if not rope and heads >= 32:
         out.append(dict(kernel="hopper_ws", block_h=32, role_split=False))
+    return out
+
+
+def split_scan(heads: int, tokens: int, rope: bool) -> list[dict]:
+    """Where the (token, head block) programs do not fill the SMs: each kernel and head-block size
+    the planner chooses between, at its own split count and at the counts that keep the
+    programs (or the persistent kernel's work items) within one wave of the SMs, half of that
+    and twice it. A second wave of a few programs costs as much as the first."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    widest = min(64, max(16, next_pow2(heads)))
+    kernels = [
+        dict(kernel="hopper", block_h=bh, block_n=64, stages=2) for bh in {widest, min(32, widest)}
+    ]
+    if not rope:
+        kernels += [dict(kernel="hopper_ws", block_h=16)] if heads <= 32 else []
+        kernels += [dict(kernel="hopper_ws", block_h=32, role_split=False)] if heads >= 32 else []
+        kernels += [dict(kernel="hopper_wide")] if heads >= 64 else []
+    out = []
+    for v in kernels:
+        try:
+            auto = build_plan(tokens, heads, v, rope)
+        except ValueError:
+            continue
+        one_wave = max(1, sms // (tokens * auto.head_blocks))
+        blocks = -(-WIDTH // auto.block_n)
+        counts = {auto.splits, one_wave, max(1, one_wave // 2), min(blocks, 2 * one_wave)}
+        out += [{**v, "splits": n} for n in sorted(counts)]
     return out
 
 
@@ -219,6 +251,11 @@ def main() -> int:
         action="store_true",
         help="with --hopper: every head-block size and split count too",
     )
+    ap.add_argument(
+        "--wave-scan",
+        action="store_true",
+        help="with --hopper: only split counts around one wave of programs, per kernel",
+    )
     args = ap.parse_args()
     out_dir = Path(os.environ.get("OUT", "tune-out"))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -250,7 +287,7 @@ def main() -> int:
             idxs = [make_indices(tokens, usable, gen) for _ in range(sets)]
             ref, ref_lse = sparse_decode_reference(qs[0], cache, idxs[0], 0.0625, rope)
             if args.hopper:
-                vs = hopper_variants(heads, tokens, bool(rope), args.few_scan)
+                vs = hopper_variants(heads, tokens, bool(rope), args.few_scan, args.wave_scan)
             elif args.explore:
                 vs = explore(heads, tokens)
             else:

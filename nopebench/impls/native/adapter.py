@@ -44,9 +44,9 @@ def hopper_available(device) -> bool:
 
 def use_hopper_ws(tokens: int, heads: int, rope_dim: int) -> bool:
     """Where the H200 measured the warp-specialised kernel faster than the single-role one: NoPE
-    rows with at most 16 heads, or at most 32 heads and 64 query tokens or more
-    (results/reference/decode-tuning/hopper-ws/)."""
-    return not rope_dim and (heads <= 16 or (heads <= WS_MAX_BLOCK_H and tokens >= 64))
+    rows with at most 16 heads, or at most 32 heads and 8 query tokens or more
+    (results/reference/decode-tuning/hopper-ws/ and few-tokens/)."""
+    return not rope_dim and (heads <= 16 or (heads <= WS_MAX_BLOCK_H and tokens >= 8))
 
 
 def use_hopper_wide(single_role: LaunchPlan, rope_dim: int) -> bool:

@@ -210,13 +210,16 @@ def _split_one_per_sm(
 ) -> tuple[int, int, int]:
     """Head blocks, splits and entries per split for kernels that run one program per SM: the
     top-k range is split only when there are fewer (token, head block) programs than `fill`
-    (default: the SMs), then into enough splits to fill the SMs. (The single-role kernel is
-    faster unsplit from half the SMs on.)"""
+    (default: the SMs), then into as many splits as keep the programs within one wave of the
+    SMs. A second wave of a few programs costs as much as the first: on the H200, 8 tokens x 64
+    heads in 17 splits (136 programs) took 0.028 ms, in 12 (96 programs) 0.022
+    (results/reference/decode-tuning/few-tokens/). (The single-role kernel is faster unsplit from
+    half the SMs on.)"""
     head_blocks = -(-heads // block_h)
     rows = tokens * head_blocks
     blocks = -(-width // block_n)
     if splits is None:
-        splits = 1 if rows >= (fill or sms) else min(blocks, -(-sms // rows))
+        splits = 1 if rows >= (fill or sms) else min(blocks, max(1, sms // rows))
     per_split = -(-blocks // splits) * block_n
     return head_blocks, -(-width // per_split), per_split
 
@@ -232,15 +235,15 @@ def plan_hopper_ws(
     role_split: bool | None = None,
 ) -> LaunchPlan:
     """Launch shape for the warp-specialised SM90 kernel (NoPE rows, at most 32 heads per
-    program): 64-row blocks, two dequantized tiles. With 16 heads per program the scorer and the
-    accumulator are separate warpgroups (faster on the H200; at 32 heads one consumer was
-    faster), with WS_SPLIT_SLOTS ring slots and one persistent program per SM; one consumer takes
-    as many 32-row slots as shared memory holds and one program per work item (the H200 sweeps:
-    results/reference/decode-tuning/)."""
+    program): 64-row blocks, two dequantized tiles, as many heads per program as it takes. With
+    16 heads per program the scorer and the accumulator are separate warpgroups (faster on the
+    H200; at 32 heads one consumer was faster, also at 8 and 64 tokens where 16 heads per
+    program would fill more SMs), with WS_SPLIT_SLOTS ring slots and one persistent program per
+    SM; one consumer takes as many 32-row slots as shared memory holds and one program per work
+    item (the H200 sweeps: results/reference/decode-tuning/)."""
     block_n = 64
     if block_h is None:
-        few = tokens * -(-heads // 16) < sms
-        block_h = 16 if few else min(WS_MAX_BLOCK_H, max(16, next_pow2(heads)))
+        block_h = min(WS_MAX_BLOCK_H, max(16, next_pow2(heads)))
     if block_h > WS_MAX_BLOCK_H:
         raise ValueError(
             f"the warp-specialised kernel takes at most {WS_MAX_BLOCK_H} heads per program"
