@@ -96,6 +96,23 @@ def _copy_rows(
 
 
 @gluon.jit
+def _copy_rope(row, valid, raw_r, slot, rope_gather: gl.constexpr):
+    """cp.async the 64 bf16 RoPE lanes (128 bytes) of the rows at `row` (`_copy_rows`'s row
+    addresses and validity) into `raw_r` slot `slot`, bf16 as stored; invalid rows zero-filled."""
+    rrow = gl.convert_layout(row, gl.SliceLayout(1, rope_gather))
+    rvalid = gl.convert_layout(valid, gl.SliceLayout(1, rope_gather))
+    rcols = gl.arange(0, 64, layout=gl.SliceLayout(0, rope_gather))
+    rptrs = gl.expand_dims(
+        (rrow + ROPE_OFFSET).to(gl.pointer_type(gl.bfloat16)), 1
+    ) + gl.expand_dims(rcols, 0)
+    _cp_async(
+        raw_r.index(slot),
+        rptrs,
+        mask=gl.expand_dims(rvalid, 1) & gl.expand_dims(rcols >= 0, 0),
+    )
+
+
+@gluon.jit
 def _issue_block(
     cache_ptr,
     idx,
@@ -113,17 +130,7 @@ def _issue_block(
     the index row itself is kept for the mask."""
     row, valid = _copy_rows(cache_ptr, idx, raw_k, raw_s, stage, ROW_BYTES, gather, SCALES)
     if ROPE:
-        rrow = gl.convert_layout(row, gl.SliceLayout(1, rope_gather))
-        rvalid = gl.convert_layout(valid, gl.SliceLayout(1, rope_gather))
-        rcols = gl.arange(0, 64, layout=gl.SliceLayout(0, rope_gather))
-        rptrs = gl.expand_dims(
-            (rrow + ROPE_OFFSET).to(gl.pointer_type(gl.bfloat16)), 1
-        ) + gl.expand_dims(rcols, 0)
-        _cp_async(
-            raw_r.index(stage),
-            rptrs,
-            mask=gl.expand_dims(rvalid, 1) & gl.expand_dims(rcols >= 0, 0),
-        )
+        _copy_rope(row, valid, raw_r, stage, rope_gather)
     idx_ring.index(stage).store(idx)
     cp.commit_group()
 
@@ -241,6 +248,15 @@ def _stage_q(
 
 
 @gluon.jit
+def _stage_q_rope(qrow, offs_qh, heads, qr_smem, q_layout: gl.constexpr):
+    """q's last 64 lanes (its RoPE part) for the head block `_stage_q` staged, as the B operand
+    of the RoPE score group (rows past `heads` zero)."""
+    rq_cols = gl.arange(0, 64, layout=gl.SliceLayout(0, q_layout))
+    rq_mask = gl.expand_dims(offs_qh < heads, 1) & gl.expand_dims(rq_cols >= 0, 0)
+    qr_smem.store(gl.load(qrow + gl.expand_dims(LATENT_DIM + rq_cols, 0), mask=rq_mask, other=0.0))
+
+
+@gluon.jit
 def _empty_state(BLOCK_H: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr):
     """Zero O^T tiles and the online-softmax state before the first block (max -inf, sum 0)."""
     o0 = gl.zeros([TILE, BLOCK_H], gl.float32, o_layout)
@@ -343,11 +359,7 @@ def hopper_decode_kernel(
 
     qrow, offs_qh = _stage_q(q_ptr, q_smem, tok, hb, heads, stride_qt, stride_qh, BLOCK_H, q_layout)
     if ROPE:
-        rq_cols = gl.arange(0, 64, layout=gl.SliceLayout(0, q_layout))
-        rq_mask = gl.expand_dims(offs_qh < heads, 1) & gl.expand_dims(rq_cols >= 0, 0)
-        qr_smem.store(
-            gl.load(qrow + gl.expand_dims(LATENT_DIM + rq_cols, 0), mask=rq_mask, other=0.0)
-        )
+        _stage_q_rope(qrow, offs_qh, heads, qr_smem, q_layout)
 
     o0, o1, o2, o3, m_i, l_i = _empty_state(BLOCK_H, s_layout, o_layout)
 
