@@ -1,5 +1,6 @@
 """Shared inputs for the native decode tests (CPU interpreter and GPU): a NaN-poisoned cache and
-index rows with -1 padding anywhere, empty rows, and queries that are strided views."""
+index rows with -1 padding anywhere, empty rows, and queries that are strided views; with `shim`
+the RoPE lanes of rows and queries are zero (the zero-padded shim)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ def decode_inputs(
     block_size: int = 64,
     magnitude: float = 1.0,
     scale_format: str = "arbitrary_fp32",
+    shim: bool = False,
 ):
     gen = torch.Generator().manual_seed(seed)
     usable = rows - rows // 8
@@ -28,6 +30,8 @@ def decode_inputs(
     )  # NaN poison
     latent = (torch.randn(usable, 512, generator=gen) * magnitude).to(torch.bfloat16)
     pe = torch.randn(usable, 64, generator=gen).to(torch.bfloat16) if rope else None
+    if shim:
+        pe = torch.zeros(usable, 64, dtype=torch.bfloat16)
     rowformat.write_cache(cache, latent, pe, torch.arange(usable), scale_format)
     active = min(width, usable)
     idx = torch.stack([torch.randperm(usable, generator=gen)[:active] for _ in range(tokens)]).int()
@@ -39,5 +43,7 @@ def decode_inputs(
     wide = (
         torch.randn(tokens, heads, 512 + rope + 64, generator=gen).clamp(-1, 1).to(torch.bfloat16)
     )
+    if shim:
+        wide[..., 512:] = 0
     q = wide[..., : 512 + rope]  # strided: head stride 640 or 576, not the contiguous width
     return q.to(device), cache.to(device), idx.to(device)

@@ -35,22 +35,31 @@ SCALE = 0.0625
 @pytest.mark.parametrize("tokens", [1, 8, 64, 512])
 @pytest.mark.parametrize("width", [64, 2048, 2176, 2200])
 @pytest.mark.parametrize(
-    "planner", ["triton", "hopper-nope", "hopper-rope", "hopper-ws", "hopper-wide"]
+    "planner",
+    [
+        "triton",
+        "hopper-nope",
+        "hopper-rope",
+        "hopper-ws",
+        "hopper-ws-rope",
+        "hopper-wide",
+        "hopper-wide-rope",
+    ],
 )
 def test_plan_covers_every_entry_and_head_exactly_once(heads, tokens, width, planner):
+    rope = planner.endswith("-rope")
     if planner == "triton":
         plan = plan_launch(tokens, heads, width, sms=132)
-    elif planner == "hopper-wide":
-        plan = plan_hopper_wide(tokens, heads, width, sms=132)
-        assert wide_smem_bytes(plan.num_stages) <= HOPPER_SMEM and plan.block_h == WIDE_BLOCK_H
-    elif planner == "hopper-ws":
-        plan = plan_hopper_ws(tokens, heads, width, sms=132)
-        assert (
-            ws_smem_bytes(plan.block_h, plan.num_stages, role_split=plan.role_split) <= HOPPER_SMEM
-        )
+    elif planner.startswith("hopper-wide"):
+        plan = plan_hopper_wide(tokens, heads, width, sms=132, rope=rope)
+        assert wide_smem_bytes(plan.num_stages, rope) <= HOPPER_SMEM
+        assert plan.block_h == WIDE_BLOCK_H and plan.rope == rope
+    elif planner.startswith("hopper-ws"):
+        plan = plan_hopper_ws(tokens, heads, width, sms=132, rope=rope)
+        smem = ws_smem_bytes(plan.block_h, plan.num_stages, role_split=plan.role_split, rope=rope)
+        assert smem <= HOPPER_SMEM and plan.rope == rope
         assert plan.block_h <= 32 and plan.role_split == (plan.block_h == 16)
     else:
-        rope = planner == "hopper-rope"
         plan = plan_hopper(tokens, heads, width, rope, sms=132)
         assert hopper_smem_bytes(plan.block_h, plan.num_stages, rope) <= HOPPER_SMEM
     assert plan.block_h * plan.head_blocks >= heads > plan.block_h * (plan.head_blocks - 1)
@@ -115,41 +124,73 @@ def test_warp_specialised_kernel_is_chosen_where_it_was_measured_faster():
     decode-tuning/few-tokens/tune.csv: 32 heads in one program, one consumer, 0.0166 vs 0.0195
     single-role at 8 tokens, 0.052 vs 0.072 at 64; at 64 heads two blocks of 32 lose, 0.698 vs
     0.596)."""
-    assert use_hopper_ws(512, 16, 0) and use_hopper_ws(512, 32, 0) and use_hopper_ws(64, 20, 0)
-    assert use_hopper_ws(8, 16, 0) and use_hopper_ws(1, 16, 0) and use_hopper_ws(8, 32, 0)
-    assert not use_hopper_ws(512, 16, 64)  # RoPE rows
-    assert not use_hopper_ws(512, 64, 0) and not use_hopper_ws(512, 128, 0)
-    assert not use_hopper_ws(1, 32, 0) and not use_hopper_ws(1, 20, 0)
+    assert use_hopper_ws(512, 16) and use_hopper_ws(512, 32) and use_hopper_ws(64, 20)
+    assert use_hopper_ws(8, 16) and use_hopper_ws(1, 16) and use_hopper_ws(8, 32)
+    assert not use_hopper_ws(512, 64) and not use_hopper_ws(512, 128)
+    assert not use_hopper_ws(1, 32) and not use_hopper_ws(1, 20)
     plan = plan_hopper_ws(8, 32, 2176, 132)
     assert (plan.block_h, plan.role_split, plan.splits) == (32, False, 12)
 
 
 def test_64_head_kernel_is_chosen_where_the_single_role_plan_takes_64_heads():
-    """hopper_wide replaces the single-role kernel for NoPE rows wherever that one's planner puts
-    64 heads in a program (the H200 measured it 1.03-1.44x faster there); with RoPE lanes, or
-    where fewer heads per program fill the SMs (1 query token), the single-role plan stays."""
+    """hopper_wide replaces the single-role kernel wherever that one's planner puts 64 heads in a
+    program for NoPE rows (the H200 measured it 1.03-1.44x faster there); where fewer heads per
+    program fill the SMs (1 query token), the single-role plan stays."""
     for tokens, heads in ((512, 64), (512, 128), (64, 64), (8, 64), (8, 128), (128, 100)):
-        assert use_hopper_wide(plan_hopper(tokens, heads, 2176, False, 132), 0), (tokens, heads)
+        assert use_hopper_wide(plan_hopper(tokens, heads, 2176, False, 132)), (tokens, heads)
     assert not use_hopper_wide(
-        plan_hopper(1, 64, 2176, False, 132), 0
+        plan_hopper(1, 64, 2176, False, 132)
     )  # 16 heads per program fill the SMs
-    assert not use_hopper_wide(plan_hopper(1, 128, 2176, False, 132), 0)
-    assert not use_hopper_wide(plan_hopper(512, 64, 2176, True, 132), 64)  # RoPE rows
-    assert not use_hopper_wide(plan_hopper(512, 32, 2176, False, 132), 0)
+    assert not use_hopper_wide(plan_hopper(1, 128, 2176, False, 132))
+    assert not use_hopper_wide(plan_hopper(512, 32, 2176, False, 132))
+
+
+@pytest.mark.parametrize("heads", [1, 16, 20, 32, 64, 100, 128])
+@pytest.mark.parametrize("tokens", [1, 8, 64, 512])
+def test_nope_and_the_shim_run_in_the_same_kernel_at_every_shape(monkeypatch, heads, tokens):
+    """The SM90 kernel is chosen by the shape alone, so a NoPE-against-shim ratio compares the
+    rows and nothing else; each plan is made for its rows' QK width (shared memory). Recorded
+    on CPU with the device queries stood in for an H200's."""
+    from types import SimpleNamespace
+
+    from nopebench.impls.native import adapter
+
+    monkeypatch.setattr(adapter, "hopper_available", lambda device: True)
+    monkeypatch.setattr(
+        adapter.torch.cuda,
+        "get_device_properties",
+        lambda device: SimpleNamespace(multi_processor_count=132),
+    )
+    nope = adapter.choose_plan(tokens, heads, 2176, 0, "cuda")
+    shim = adapter.choose_plan(tokens, heads, 2176, 64, "cuda")
+    assert shim.kernel == nope.kernel and (nope.rope, shim.rope) == (False, True)
+    assert (shim.block_h, shim.head_blocks, shim.role_split) == (
+        nope.block_h,
+        nope.head_blocks,
+        nope.role_split,
+    ) or nope.kernel == "hopper"  # the single-role planner takes fewer heads with RoPE lanes
 
 
 def test_64_head_shared_memory_model_covers_the_compiled_kernel():
     """Shared bytes of the 64-head kernel compiled for sm_90 (Triton 3.6 and 3.9 agree: 231376
-    with three ring slots); the planner takes as many slots as the model fits under the limit."""
+    with three ring slots; with RoPE lanes Triton 3.9 takes 226544 with seven slots of 32-row
+    blocks); the planner takes as many slots as the model fits under the limit."""
     assert 0 <= wide_smem_bytes(3) - 231376 <= 1024
     assert plan_hopper_wide(512, 64, 2176).num_stages == 3 and wide_smem_bytes(4) > HOPPER_SMEM
     with pytest.raises(ValueError, match="shared memory"):
         plan_hopper_wide(512, 64, 2176, slots=4)
+    # With RoPE lanes two 64-row tiles leave no room for a ring slot: 32-row blocks.
+    rope = plan_hopper_wide(512, 64, 2176, rope=True)
+    assert (rope.block_n, rope.num_stages, rope.rope) == (32, 7, True)
+    assert 0 <= wide_smem_bytes(7, rope=True) - 226544 <= 1024
+    assert wide_smem_bytes(8, rope=True) > HOPPER_SMEM
 
 
-def record_launches(monkeypatch, module, kernel: str, heads: int, tokens: int, plan) -> list:
+def record_launches(
+    monkeypatch, module, kernel: str, heads: int, tokens: int, plan, rope: int = 0
+) -> list:
     """native_decode on CPU tensors with stand-ins for the Gluon kernel `module.kernel` and the
-    splits' combine kernel: each launch as (grid, args, kwargs)."""
+    splits' combine kernel: each launch as (grid, args, kwargs). `rope`: 64 for shim rows."""
     from nopebench.impls.native import triton_decode
     from nopebench.impls.native.adapter import native_decode
 
@@ -161,8 +202,10 @@ def record_launches(monkeypatch, module, kernel: str, heads: int, tokens: int, p
 
     monkeypatch.setattr(module, kernel, Recorder())
     monkeypatch.setattr(triton_decode, "combine_kernel", Recorder())
-    q, cache, idx = decode_inputs(heads, tokens, 2176, 0, 528, "cpu", rows=4096)
-    native_decode(q, cache, idx, SCALE, 0, plan)
+    q, cache, idx = decode_inputs(
+        heads, tokens, 2176, rope, 656 if rope else 528, "cpu", rows=4096, shim=bool(rope)
+    )
+    native_decode(q, cache, idx, SCALE, rope, plan)
     return calls
 
 
@@ -182,7 +225,8 @@ def test_64_head_launch_is_what_the_build_compiles(monkeypatch):
     constants, options = wide.launch_constants(plan, 528)
     assert grid == (8 * 2 * plan.splits,) and args[-1] == 8 and kwargs == {**constants, **options}
     assert kwargs["HEAD_BLOCKS"] == 2 and kwargs["BLOCKS"] * plan.block_n == plan.entries_per_split
-    with pytest.raises(ValueError, match="NoPE rows only"):
+    assert not kwargs["ROPE"]
+    with pytest.raises(ValueError, match="is for NoPE rows"):  # its shared memory has no RoPE
         native_decode(
             *decode_inputs(64, 8, 2176, 64, 656, "cpu", rows=4096),
             SCALE,
@@ -215,17 +259,22 @@ def test_64_head_kernel_compiles_for_sm90_within_its_budget(case):
 
 def test_warp_specialised_shared_memory_model_covers_the_compiled_kernels():
     """Shared bytes of the warp-specialised kernel compiled for sm_90 by Triton 3.6 (the H200's)
-    and 3.9, in the shapes plan_hopper_ws emits; the model must cover both, tightly."""
+    and 3.9, in the shapes plan_hopper_ws emits; the model must cover both, tightly. With RoPE
+    lanes (ring, tiles and q 128 bytes a row wider) Triton 3.9's sizes; fewer slots fit."""
     compiled = {
-        (16, 2, True): (186492, 186492),
-        (32, 3, False): (223656, 223416),
-        (16, 4, False): (219960, 219960),
+        (16, 2, True, False): (186492, 186492),
+        (32, 3, False, False): (223656, 223416),
+        (16, 4, False, False): (219960, 219960),
+        (16, 2, True, True): (213164,),
+        (32, 1, False, True): (213976,),
+        (16, 2, False, True): (212568,),
     }
-    for (block_h, slots, split), sizes in compiled.items():
-        plan = plan_hopper_ws(512, block_h, 2176, role_split=None if split else False)
+    for (block_h, slots, split, rope), sizes in compiled.items():
+        plan = plan_hopper_ws(512, block_h, 2176, role_split=None if split else False, rope=rope)
         assert (plan.block_h, plan.num_stages, plan.role_split) == (block_h, slots, split)
         for nbytes in sizes:
-            assert 0 <= ws_smem_bytes(block_h, slots, role_split=split) - nbytes <= 1536
+            model = ws_smem_bytes(block_h, slots, role_split=split, rope=rope)
+            assert 0 <= model - nbytes <= 1536
     with pytest.raises(ValueError, match="at most 32 heads"):
         plan_hopper_ws(512, 64, 2176, block_h=64)
     with pytest.raises(ValueError, match="shared memory"):
@@ -272,6 +321,29 @@ def test_warp_specialised_launch_is_what_the_build_compiles(monkeypatch):
     constants, options = ws.launch_constants(plan, 528)
     assert grid == (132,) and args[-1] == 512 and kwargs == {**constants, **options}
     assert kwargs["ROLE_SPLIT"] and kwargs["BLOCKS"] == 2176 // 64 and kwargs["maxnreg"] == 128
+    assert not kwargs["ROPE"] and kwargs["ROW_BYTES"] == 528
+
+
+@pytest.mark.parametrize("kernel", ["hopper_ws", "hopper_wide"])
+def test_shim_launch_is_what_the_build_compiles(monkeypatch, kernel):
+    """The shim (rope_dim 64, 656-byte rows) launches the same kernel with ROPE set, the 656-byte
+    row, and the constexprs of its RoPE plan, which the compile-only build checks."""
+    if (reason := hopper_build.gluon_missing()) is not None:
+        pytest.skip(reason)
+    from nopebench.impls.native import hopper_wide_decode as wide
+    from nopebench.impls.native import hopper_ws_decode as ws
+
+    module, heads = (ws, 16) if kernel == "hopper_ws" else (wide, 64)
+    planner = plan_hopper_ws if kernel == "hopper_ws" else plan_hopper_wide
+    plan = planner(512, heads, 2176, sms=132, rope=True)
+    ((grid, args, kwargs),) = record_launches(
+        monkeypatch, module, f"{kernel}_decode_kernel", heads, 512, plan, rope=64
+    )
+    constants, options = module.launch_constants(plan, 656)
+    assert grid == plan.grid(512) and args[-1] == 512 and kwargs == {**constants, **options}
+    assert kwargs["ROPE"] and kwargs["ROW_BYTES"] == 656 and args[0].shape[-1] == 576
+    with pytest.raises(ValueError, match="is for RoPE lanes"):
+        record_launches(monkeypatch, module, f"{kernel}_decode_kernel", heads, 512, plan)
 
 
 def test_hopper_shared_memory_model_covers_the_compiled_kernels():
@@ -436,8 +508,7 @@ GPU_GRID = [
 def gpu_plan(kernel: str, tokens: int, heads: int, width: int, rope: int):
     """The launch plan of one of the four kernels (hopper_ws: its planned form, at 16 heads per
     program the role split; hopper_ws_one: one consumer; hopper_wide: 64 heads per program, fewer
-    heads masked); the Hopper ones are skipped off SM90, the warp-specialised ones also for RoPE
-    rows (they read NoPE rows only)."""
+    heads masked), for the rows' QK width; the Hopper ones are skipped off SM90."""
     from nopebench.impls.native.adapter import hopper_available
     from nopebench.impls.native.plans import plan_hopper
 
@@ -446,13 +517,16 @@ def gpu_plan(kernel: str, tokens: int, heads: int, width: int, rope: int):
         return plan_launch(tokens, heads, width, sms)
     if not hopper_available(0):
         pytest.skip("the Hopper kernels need an SM90 GPU and Triton's Gluon")
-    if kernel.startswith("hopper_w") and rope:
-        pytest.skip("the warp-specialised kernels read NoPE rows only")
     if kernel == "hopper_wide":
-        return plan_hopper_wide(tokens, heads, width, sms)
+        return plan_hopper_wide(tokens, heads, width, sms, rope=bool(rope))
     if kernel.startswith("hopper_ws"):
         return plan_hopper_ws(
-            tokens, heads, width, sms, role_split=False if kernel == "hopper_ws_one" else None
+            tokens,
+            heads,
+            width,
+            sms,
+            role_split=False if kernel == "hopper_ws_one" else None,
+            rope=bool(rope),
         )
     return plan_hopper(tokens, heads, width, bool(rope), sms)
 
@@ -473,6 +547,32 @@ def test_native_matches_reference_on_gpu(heads, tokens, width, rope, row_bytes, 
     got.out.fill_(float("nan"))
     got = native_decode(q, cache, idx, SCALE, rope, plan)
     assert_matches_reference(got, q, cache, idx, rope)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["hopper_ws", "hopper_ws_one", "hopper_wide"])
+@pytest.mark.parametrize("heads, tokens", [(16, 1), (16, 64), (32, 64), (64, 8), (128, 64)])
+def test_shim_runs_the_rope_path_of_the_warp_specialised_kernels(heads, tokens, kernel):
+    """The shim (zero RoPE lanes in the 656-byte rows and in q's last 64) through the RoPE path
+    of the kernels NoPE runs in, under the strict rule, outputs poisoned before the second run.
+    Its RoPE score group adds exact zeros, so where the two plans cut the rows into the same
+    blocks (the warp-specialised kernel: only the ring depth differs) the output is NoPE's over
+    the same rows bit for bit; the 64-head kernel's 32-row RoPE blocks round P elsewhere."""
+    from nopebench.impls.native.adapter import native_decode
+
+    q, cache, idx = decode_inputs(
+        heads, tokens, 2176, 64, 656, "cuda", seed=heads + tokens, rows=4096, shim=True
+    )
+    plan = gpu_plan(kernel, tokens, heads, 2176, 64)
+    got = native_decode(q, cache, idx, SCALE, 64, plan)
+    got.out.fill_(float("nan"))
+    got = native_decode(q, cache, idx, SCALE, 64, plan)
+    assert_matches_reference(got, q, cache, idx, 64)
+    if kernel != "hopper_wide":
+        nope = native_decode(
+            q[..., :512], cache, idx, SCALE, 0, gpu_plan(kernel, tokens, heads, 2176, 0)
+        )
+        assert torch.equal(got.out, nope.out) and torch.equal(got.lse, nope.lse)
 
 
 def assert_matches_reference(got, q, cache, idx, rope: int) -> None:

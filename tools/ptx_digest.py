@@ -2,7 +2,9 @@
 
 A refactor of the kernels' Python (constants, helpers, formatting) should leave the PTX the
 same; run this before and after and compare the lines. Debug lines (.loc, .file, the debug
-sections) are left out, since they name source lines.
+sections, and the $L__tmp labels that only those sections refer to: they mark where inlined
+helpers begin and end, so moving code into a helper adds some) are left out, since they name
+source lines.
 
     python3 tools/ptx_digest.py > before.txt
     (edit the kernels)
@@ -16,7 +18,7 @@ import re
 
 from nopebench.impls.native import build
 
-DEBUG = re.compile(r"^\s*(\.loc|\.file)\b|^\s*//")
+DEBUG = re.compile(r"^\s*(\.loc|\.file)\b|^\s*//|^\$L__tmp\d+:$")
 
 
 def main() -> None:

@@ -106,7 +106,7 @@ def hopper_variants(
             dict(kernel="hopper", splits=34),
             dict(kernel="hopper", block_n=128, stages=1, block_h=16),
         ]
-    if not rope and (heads <= 32 or tokens < 64):
+    if heads <= 32 or tokens < 64:
         # The warp-specialised kernel: its plan, one consumer instead of the role split, other
         # ring depths, 16 heads per program.
         cands += [
@@ -116,8 +116,8 @@ def hopper_variants(
             dict(kernel="hopper_ws", slots=2, role_split=False),
             dict(kernel="hopper_ws", block_h=16),
         ]
-    if not rope and heads > 32:
-        # The 64-head kernel: its plan (three ring slots) and two.
+    if heads > 32:
+        # The 64-head kernel: its plan (three ring slots for NoPE rows) and two.
         cands += [dict(kernel="hopper_wide"), dict(kernel="hopper_wide", slots=2)]
     if wave_scan:
         cands = split_scan(heads, tokens, rope)
@@ -150,7 +150,7 @@ def planner_scan(heads: int, tokens: int, rope: bool) -> list[dict]:
             continue
         for splits in sorted({auto, max(1, auto // 2), min(34, 2 * auto)}):
             out.append(dict(kernel="hopper", block_h=bh, block_n=64, stages=2, splits=splits))
-    if not rope and heads >= 32:
+    if heads >= 32:
         out.append(dict(kernel="hopper_ws", block_h=32, role_split=False))
     return out
 
@@ -191,6 +191,7 @@ def build_plan(tokens: int, heads: int, v: dict, rope: bool = False) -> LaunchPl
             torch.cuda.get_device_properties(0).multi_processor_count,
             slots=v.get("slots"),
             splits=v.get("splits"),
+            rope=rope,
         )
     if v.get("kernel") == "hopper_ws":
         return plan_hopper_ws(
@@ -202,6 +203,7 @@ def build_plan(tokens: int, heads: int, v: dict, rope: bool = False) -> LaunchPl
             splits=v.get("splits"),
             block_h=v.get("block_h"),
             role_split=v.get("role_split"),
+            rope=rope,
         )
     if v.get("kernel") == "hopper":
         return plan_hopper(

@@ -1,11 +1,12 @@
 """The `native` registry entry: choose a kernel and launch plan, allocate, launch.
 
 Four kernels with one contract (`sparse_decode_reference`'s): on SM90 (Gluon, wgmma, cp.async)
-`hopper_ws_decode` (warp-specialised, NoPE, up to 32 heads per program), `hopper_wide_decode`
-(warp-specialised, NoPE, 64 heads per program, the output split across two warpgroups) and
-`hopper_decode` (every other shape, RoPE rows included); elsewhere `triton_decode` (portable
-Triton: any SM80+ GPU, and Triton's CPU interpreter). Their launch shapes come from the pure
-planners in `plans`.
+`hopper_ws_decode` (warp-specialised, up to 32 heads per program), `hopper_wide_decode`
+(warp-specialised, 64 heads per program, the output split across two warpgroups) and
+`hopper_decode` (every other shape); elsewhere `triton_decode` (portable Triton: any SM80+ GPU,
+and Triton's CPU interpreter). Every kernel reads both 512-wide NoPE and 576-wide RoPE (or
+zero-padded shim) queries, and on SM90 the kernel is chosen by the shape alone, so NoPE and the
+shim run in the same kernel at each shape. Launch shapes come from the pure planners in `plans`.
 """
 
 from __future__ import annotations
@@ -42,30 +43,34 @@ def hopper_available(device) -> bool:
     return True
 
 
-def use_hopper_ws(tokens: int, heads: int, rope_dim: int) -> bool:
-    """Where the H200 measured the warp-specialised kernel faster than the single-role one: NoPE
-    rows with at most 16 heads, or at most 32 heads and 8 query tokens or more
+def use_hopper_ws(tokens: int, heads: int) -> bool:
+    """Where the H200 measured the warp-specialised kernel faster than the single-role one on
+    NoPE rows: at most 16 heads, or at most 32 heads and 8 query tokens or more
     (results/reference/decode-tuning/hopper-ws/ and few-tokens/)."""
-    return not rope_dim and (heads <= 16 or (heads <= WS_MAX_BLOCK_H and tokens >= 8))
+    return heads <= 16 or (heads <= WS_MAX_BLOCK_H and tokens >= 8)
 
 
-def use_hopper_wide(single_role: LaunchPlan, rope_dim: int) -> bool:
-    """NoPE rows where the single-role planner takes 64 heads per program: there the 64-head
+def use_hopper_wide(single_role_nope: LaunchPlan) -> bool:
+    """Where the single-role planner takes 64 heads per program for NoPE rows: there the 64-head
     kernel is faster than the single-role one on the H200. Where the planner takes fewer heads
     to fill the SMs (1 token) the single-role kernel stays faster
     (results/reference/decode-tuning/hopper-wide/)."""
-    return not rope_dim and single_role.block_h == WIDE_BLOCK_H
+    return single_role_nope.block_h == WIDE_BLOCK_H
 
 
 def choose_plan(tokens: int, heads: int, width: int, rope_dim: int, device) -> LaunchPlan:
+    """The kernel by the shape alone (the rules measured on NoPE rows), then its plan for the rows
+    at hand: with RoPE lanes the planners fit them into shared memory (fewer ring slots, and
+    32-row blocks in the 64-head kernel), so that NoPE and the shim differ in the row, not in the
+    kernel."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count
+    rope = bool(rope_dim)
     if hopper_available(device):
-        if use_hopper_ws(tokens, heads, rope_dim):
-            return plan_hopper_ws(tokens, heads, width, sms)
-        plan = plan_hopper(tokens, heads, width, bool(rope_dim), sms)
-        if use_hopper_wide(plan, rope_dim):
-            return plan_hopper_wide(tokens, heads, width, sms)
-        return plan
+        if use_hopper_ws(tokens, heads):
+            return plan_hopper_ws(tokens, heads, width, sms, rope=rope)
+        if use_hopper_wide(plan_hopper(tokens, heads, width, False, sms)):
+            return plan_hopper_wide(tokens, heads, width, sms, rope=rope)
+        return plan_hopper(tokens, heads, width, rope, sms)
     return plan_launch(tokens, heads, width, sms)
 
 
@@ -160,20 +165,20 @@ def native_decode(
             S_WARPS_M=score_warps_m(plan.block_n),
             num_warps=plan.num_warps,
         )
-    elif plan.kernel == "hopper_wide":
+    elif plan.kernel in ("hopper_ws", "hopper_wide"):
         from nopebench.impls.native import hopper_wide_decode as wide
-
-        if rope_dim:
-            raise ValueError("the 64-head kernel reads NoPE rows only")
-        constants, options = wide.launch_constants(plan, cache.shape[-1])
-        wide.hopper_wide_decode_kernel[grid](*args, tokens, **constants, **options)
-    elif plan.kernel == "hopper_ws":
         from nopebench.impls.native import hopper_ws_decode as ws
 
-        if rope_dim:
-            raise ValueError("the warp-specialised kernel reads NoPE rows only")
-        constants, options = ws.launch_constants(plan, cache.shape[-1])
-        ws.hopper_ws_decode_kernel[grid](*args, tokens, **constants, **options)
+        if plan.rope != bool(rope_dim):  # the plan's shared memory is for one QK width
+            planned = "RoPE lanes" if plan.rope else "NoPE rows"
+            raise ValueError(f"this {plan.kernel} plan is for {planned}; rope_dim is {rope_dim}")
+        module, kernel = (
+            (ws, ws.hopper_ws_decode_kernel)
+            if plan.kernel == "hopper_ws"
+            else (wide, wide.hopper_wide_decode_kernel)
+        )
+        constants, options = module.launch_constants(plan, cache.shape[-1])
+        kernel[grid](*args, tokens, **constants, **options)
     else:
         k.sparse_decode_kernel[grid](
             *args,

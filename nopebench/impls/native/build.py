@@ -39,13 +39,22 @@ PLAN_SHAPES = (
     (32, 64, 2, True),
     (64, 64, 2, False),
 )
-# The warp-specialised kernel: (heads, query tokens, role split) of each shape plan_hopper_ws
-# emits (None: its default), and its one-consumer form at 16 heads, which tuning compares.
-WS_PLAN_CASES = ((16, 512, None), (32, 512, None), (16, 512, False))
-# The 64-head kernel: (heads, query tokens) of plans without splits, at one and two head
-# blocks, and one with splits. (Before its split count was a constexpr, Triton 3.9 spilled
-# 8 bytes at two head blocks.)
-WIDE_PLAN_CASES = ((64, 512), (128, 512), (64, 8))
+# The warp-specialised kernel: (heads, query tokens, role split, RoPE lanes) of each shape
+# plan_hopper_ws emits (None: its default), and its one-consumer form at 16 heads, which tuning
+# compares; each for NoPE rows and for the rows with RoPE lanes (the shim's), whose plans differ.
+WS_PLAN_CASES = tuple(
+    (heads, 512, split, rope)
+    for rope in (False, True)
+    for heads, split in ((16, None), (32, None), (16, False))
+)
+# The 64-head kernel: (heads, query tokens, RoPE lanes) of plans without splits, at one and two
+# head blocks, and one with splits, for both row kinds. (Before its split count was a
+# constexpr, Triton 3.9 spilled 8 bytes at two head blocks.)
+WIDE_PLAN_CASES = tuple(
+    (heads, tokens, rope)
+    for rope in (False, True)
+    for heads, tokens in ((64, 512), (128, 512), (64, 8))
+)
 # Triton 3.6 (on the H200) asks 512 bytes more shared memory than the 3.9 this compiles with.
 TRITON_36_EXTRA_SHARED = 512
 
@@ -195,22 +204,24 @@ def compile_shape(block_h: int, block_n: int, stages: int, rope: bool) -> Kernel
     )
 
 
-def compile_ws_shape(heads: int, tokens: int, role_split: bool | None = None) -> KernelBuild:
+def compile_ws_shape(
+    heads: int, tokens: int, role_split: bool | None = None, rope: bool = False
+) -> KernelBuild:
     """The warp-specialised kernel as `plan_hopper_ws` launches it for `heads` x `tokens`."""
     from nopebench.impls.native import hopper_ws_decode as ws
 
-    plan = plan_hopper_ws(tokens, heads, 2176, role_split=role_split)
-    constants, options = ws.launch_constants(plan, g.NOPE_ROW_BYTES)
+    plan = plan_hopper_ws(tokens, heads, 2176, role_split=role_split, rope=rope)
+    constants, options = ws.launch_constants(plan, g.row_bytes_read(ROPE_DIM if rope else 0))
     compiled, seconds, registers, stack = _compile(ws.hopper_ws_decode_kernel, constants, options)
     return KernelBuild(
         plan.block_h,
         plan.block_n,
         plan.num_stages,
-        False,
+        rope,
         seconds,
         "wgmma.mma_async" in compiled.asm["ptx"],
         int(compiled.metadata.shared),
-        ws_smem_bytes(plan.block_h, plan.num_stages, plan.block_n, plan.role_split),
+        ws_smem_bytes(plan.block_h, plan.num_stages, plan.block_n, plan.role_split, rope),
         registers,
         stack,
         kernel="hopper_ws",
@@ -218,12 +229,12 @@ def compile_ws_shape(heads: int, tokens: int, role_split: bool | None = None) ->
     )
 
 
-def compile_wide_shape(heads: int, tokens: int) -> KernelBuild:
+def compile_wide_shape(heads: int, tokens: int, rope: bool = False) -> KernelBuild:
     """The 64-head kernel as `plan_hopper_wide` launches it for `heads` x `tokens`."""
     from nopebench.impls.native import hopper_wide_decode as wide
 
-    plan = plan_hopper_wide(tokens, heads, 2176)
-    constants, options = wide.launch_constants(plan, g.NOPE_ROW_BYTES)
+    plan = plan_hopper_wide(tokens, heads, 2176, rope=rope)
+    constants, options = wide.launch_constants(plan, g.row_bytes_read(ROPE_DIM if rope else 0))
     compiled, seconds, registers, stack = _compile(
         wide.hopper_wide_decode_kernel, constants, options
     )
@@ -231,11 +242,11 @@ def compile_wide_shape(heads: int, tokens: int) -> KernelBuild:
         plan.block_h,
         plan.block_n,
         plan.num_stages,
-        False,
+        rope,
         seconds,
         "wgmma.mma_async" in compiled.asm["ptx"],
         int(compiled.metadata.shared),
-        wide_smem_bytes(plan.num_stages),
+        wide_smem_bytes(plan.num_stages, rope),
         registers,
         stack,
         kernel="hopper_wide",

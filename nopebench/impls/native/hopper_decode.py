@@ -83,16 +83,29 @@ def _copy_rows(
     for t in gl.static_range(4):
         ptrs = gl.expand_dims(row, 1) + gl.expand_dims(t * TILE + cols, 0)
         _cp_async(raw_k[t].index(slot), ptrs, mask=mask)
-    srow = gl.convert_layout(row, gl.SliceLayout(1, scales_l))
-    svalid = gl.convert_layout(valid, gl.SliceLayout(1, scales_l))
-    scols = gl.arange(0, 4, layout=gl.SliceLayout(0, scales_l))
-    sptrs = gl.expand_dims(
-        (srow + SCALE_OFFSET).to(gl.pointer_type(gl.float32)), 1
-    ) + gl.expand_dims(scols, 0)
-    _cp_async(
-        raw_s.index(slot), sptrs, mask=gl.expand_dims(svalid, 1) & gl.expand_dims(scols >= 0, 0)
-    )
+    _copy_lanes(row, valid, raw_s, slot, SCALE_OFFSET, gl.float32, 4, scales_l)
     return row, valid
+
+
+@gluon.jit
+def _copy_lanes(
+    row,
+    valid,
+    dst,
+    slot,
+    OFFSET: gl.constexpr,
+    dtype: gl.constexpr,
+    LANES: gl.constexpr,
+    layout: gl.constexpr,
+):
+    """cp.async LANES values of `dtype` from byte OFFSET of each row at `row` (`_copy_rows`'s row
+    addresses and validity) into `dst` slot `slot`, as stored; invalid rows are zero-filled.
+    The tile scales (fp32) and the RoPE lanes (bf16) come this way."""
+    lrow = gl.convert_layout(row, gl.SliceLayout(1, layout))
+    lvalid = gl.convert_layout(valid, gl.SliceLayout(1, layout))
+    cols = gl.arange(0, LANES, layout=gl.SliceLayout(0, layout))
+    ptrs = gl.expand_dims((lrow + OFFSET).to(gl.pointer_type(dtype)), 1) + gl.expand_dims(cols, 0)
+    _cp_async(dst.index(slot), ptrs, mask=gl.expand_dims(lvalid, 1) & gl.expand_dims(cols >= 0, 0))
 
 
 @gluon.jit
@@ -113,17 +126,7 @@ def _issue_block(
     the index row itself is kept for the mask."""
     row, valid = _copy_rows(cache_ptr, idx, raw_k, raw_s, stage, ROW_BYTES, gather, SCALES)
     if ROPE:
-        rrow = gl.convert_layout(row, gl.SliceLayout(1, rope_gather))
-        rvalid = gl.convert_layout(valid, gl.SliceLayout(1, rope_gather))
-        rcols = gl.arange(0, 64, layout=gl.SliceLayout(0, rope_gather))
-        rptrs = gl.expand_dims(
-            (rrow + ROPE_OFFSET).to(gl.pointer_type(gl.bfloat16)), 1
-        ) + gl.expand_dims(rcols, 0)
-        _cp_async(
-            raw_r.index(stage),
-            rptrs,
-            mask=gl.expand_dims(rvalid, 1) & gl.expand_dims(rcols >= 0, 0),
-        )
+        _copy_lanes(row, valid, raw_r, stage, ROPE_OFFSET, gl.bfloat16, 64, rope_gather)
     idx_ring.index(stage).store(idx)
     cp.commit_group()
 
@@ -219,25 +222,37 @@ def _program(idx_ptr, width, entries_per_split, stride_it, HEAD_BLOCKS: gl.const
 def _stage_q(
     q_ptr,
     q_smem,
+    qr_smem,
     tok,
     hb,
     heads,
     stride_qt,
     stride_qh,
     BLOCK_H: gl.constexpr,
+    ROPE: gl.constexpr,
     q_layout: gl.constexpr,
+    LATENT: gl.constexpr = True,
 ):
-    """q for this head block (rows past `heads` zero), staged once in four 128-wide tiles as the
-    score product's B operand (K-major). Returns the row pointers and head offsets."""
+    """q for this head block (rows past `heads` zero), staged once as the score product's B
+    operand (K-major): its 512 latent lanes in four 128-wide tiles and, with ROPE, its last 64
+    (the RoPE lanes) in `qr_smem`. LATENT=False leaves the latent lanes out (for a partition
+    that stages the RoPE lanes apart from the rest)."""
     offs_qh = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, q_layout))
-    qcols = gl.arange(0, TILE, layout=gl.SliceLayout(0, q_layout))
-    qmask = gl.expand_dims(offs_qh < heads, 1) & gl.expand_dims(qcols >= 0, 0)
-    qrow = q_ptr + tok.to(gl.int64) * stride_qt + gl.expand_dims(offs_qh, 1) * stride_qh
-    for t in gl.static_range(4):
-        q_smem.index(t).store(
-            gl.load(qrow + gl.expand_dims(t * TILE + qcols, 0), mask=qmask, other=0.0)
+    if LATENT:
+        qcols = gl.arange(0, TILE, layout=gl.SliceLayout(0, q_layout))
+        qmask = gl.expand_dims(offs_qh < heads, 1) & gl.expand_dims(qcols >= 0, 0)
+        qrow = q_ptr + tok.to(gl.int64) * stride_qt + gl.expand_dims(offs_qh, 1) * stride_qh
+        for t in gl.static_range(4):
+            q_smem.index(t).store(
+                gl.load(qrow + gl.expand_dims(t * TILE + qcols, 0), mask=qmask, other=0.0)
+            )
+    if ROPE:
+        rq_cols = gl.arange(0, 64, layout=gl.SliceLayout(0, q_layout))
+        rq_mask = gl.expand_dims(offs_qh < heads, 1) & gl.expand_dims(rq_cols >= 0, 0)
+        rqrow = q_ptr + tok.to(gl.int64) * stride_qt + gl.expand_dims(offs_qh, 1) * stride_qh
+        qr_smem.store(
+            gl.load(rqrow + gl.expand_dims(LATENT_DIM + rq_cols, 0), mask=rq_mask, other=0.0)
         )
-    return qrow, offs_qh
 
 
 @gluon.jit
@@ -341,13 +356,7 @@ def hopper_decode_kernel(
         )
     idx_next = _load_idx(idx_row, start + AHEAD * BLOCK_N, end, BLOCK_N, rows_g)
 
-    qrow, offs_qh = _stage_q(q_ptr, q_smem, tok, hb, heads, stride_qt, stride_qh, BLOCK_H, q_layout)
-    if ROPE:
-        rq_cols = gl.arange(0, 64, layout=gl.SliceLayout(0, q_layout))
-        rq_mask = gl.expand_dims(offs_qh < heads, 1) & gl.expand_dims(rq_cols >= 0, 0)
-        qr_smem.store(
-            gl.load(qrow + gl.expand_dims(LATENT_DIM + rq_cols, 0), mask=rq_mask, other=0.0)
-        )
+    _stage_q(q_ptr, q_smem, qr_smem, tok, hb, heads, stride_qt, stride_qh, BLOCK_H, ROPE, q_layout)
 
     o0, o1, o2, o3, m_i, l_i = _empty_state(BLOCK_H, s_layout, o_layout)
 

@@ -1,24 +1,27 @@
-"""Sparse MLA decode for Hopper (SM90) at 64 heads per program, NoPE rows, in Gluon: the output
-split across two warpgroups, beside a producer.
+"""Sparse MLA decode for Hopper (SM90) at 64 heads per program, in Gluon: the output split
+across two warpgroups, beside a producer.
 
 At 64 heads the single-role kernel (`hopper_decode.py`) runs gather, dequantization, scores,
 softmax and output product one after another in the same warps; its phase probes on the H200
 (results/reference/decode-tuning/hopper/probes-h64-t512.log) add up. Here three warpgroups run
 at once (the split FlashMLA's SM90 sparse decode uses):
 
-- the producer (one warpgroup) gathers and dequantizes each 64-row block into one of two bf16
-  tiles (`hopper_ws_decode._producer`, unchanged);
-- the scorer (the default partition) runs S = Q K^T for 64 heads x 64 keys, the online softmax,
+- the producer (one warpgroup) gathers and dequantizes each block into one of two bf16 tiles
+  (`hopper_ws_decode._producer`), with ROPE also each row's RoPE lanes into a RoPE tile beside
+  it;
+- the scorer (the default partition) runs S = Q K^T for 64 heads x BLOCK_N keys, the online softmax,
   hands P and the per-head rescale factor to the other warpgroup through shared memory, and runs
   the left half of the output product, O[:, :256] = alpha O + P V[:, :256], P from registers;
-- the right warpgroup stages q, then runs O[:, 256:] from the shared P.
+- the right warpgroup stages q's latent lanes (the scorer its RoPE lanes), then runs
+  O[:, 256:] from the shared P.
 
 Not swapped (heads on the M side, 64 fill a wgmma): each warpgroup's half of O is 64 x 256
-fp32, 128 registers a thread, and the softmax reduces within thread quads. Shared memory is
-full (q 64 KB, two tiles 128 KB, the ring, one P tile), and so are the registers; the H200
-record is results/reference/decode-tuning/hopper-wide/. One program per (query token, head
-block, split), so every role can skip the same trailing blocks of -1 entries (`blocks_in_use`);
-same output buffers as `hopper_decode.hopper_decode_kernel`.
+fp32, 128 registers a thread, and the softmax reduces within thread quads. With ROPE (576-wide
+QK) the scores take a fifth group Q_rope K_rope^T, and blocks are 32 rows (`plans.wide_block_n`).
+Shared memory is full (q 64 KB, two tiles 128 KB, the ring, one P tile), and so are the
+registers; the H200 record is results/reference/decode-tuning/hopper-wide/. One program per
+(query token, head block, split), so every role can skip the same trailing blocks of -1
+entries (`blocks_in_use`); same output buffers as `hopper_decode.hopper_decode_kernel`.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from nopebench.impls.native.hopper_ws_decode import (
     _item,
     _producer,
     _producer_buffers,
+    _q_rope_buffer,
     _stream,
     blocks_in_use,
 )
@@ -56,6 +60,7 @@ def launch_constants(plan, row_bytes: int) -> tuple[dict, dict]:
     constants = dict(
         BLOCK_N=plan.block_n,
         ROW_BYTES=row_bytes,
+        ROPE=plan.rope,
         HEAD_BLOCKS=plan.head_blocks,
         ONE_SPLIT=plan.splits == 1,
         BLOCKS=plan.entries_per_split // plan.block_n,
@@ -70,15 +75,28 @@ def launch_constants(plan, row_bytes: int) -> tuple[dict, dict]:
 
 
 @gluon.jit
-def _block_scores(q_smem, kv_bufs, full_bars, i, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
-    """Waits for block i's tile and issues S = Q K^T over the four 128-wide tiles: four async
-    wgmma groups."""
+def _block_scores(
+    q_smem,
+    qr_smem,
+    kv_bufs,
+    rope_bufs,
+    full_bars,
+    i,
+    BLOCK_N: gl.constexpr,
+    ROPE: gl.constexpr,
+    s_layout: gl.constexpr,
+):
+    """Waits for block i's tile and issues S = Q K^T over the four 128-wide tiles (+ Q_rope
+    K_rope^T over the RoPE tile, as `hopper_decode`'s fifth group): four (five) async wgmma
+    groups, accumulated in fp32 in that order."""
     bufs: gl.constexpr = kv_bufs[0].shape[0]
     b = i % bufs
     mbarrier.wait(full_bars.index(b), (i // bufs) & 1)
     s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout)
     for t in gl.static_range(4):
         s = warpgroup_mma(q_smem.index(t), kv_bufs[t].index(b).permute((1, 0)), s, is_async=True)
+    if ROPE:
+        s = warpgroup_mma(qr_smem, rope_bufs.index(b).permute((1, 0)), s, is_async=True)
     return s
 
 
@@ -140,11 +158,14 @@ def _store_half(
 
 @gluon.jit
 def _scorer(
+    q_ptr,
     out_ptr,
     lse_ptr,
     idx_ptr,
     q_smem,
+    qr_smem,
     kv_bufs,
+    rope_bufs,
     p_smem,
     a_smem,
     inv_smem,
@@ -159,6 +180,8 @@ def _scorer(
     entries_per_split,
     qk_scale_log2,
     tokens,
+    stride_qt,
+    stride_qh,
     stride_it,
     stride_ot,
     stride_oh,
@@ -169,10 +192,12 @@ def _scorer(
     BLOCKS: gl.constexpr,
     HEAD_BLOCKS: gl.constexpr,
     ONE_SPLIT: gl.constexpr,
+    ROPE: gl.constexpr,
     s_layout: gl.constexpr,
     o_layout: gl.constexpr,
+    q_layout: gl.constexpr,
 ):
-    """Scores, online softmax and the left half of O."""
+    """Scores, online softmax and the left half of O; with ROPE it stages q's RoPE lanes."""
     keys: gl.constexpr = gl.SliceLayout(0, s_layout)
     # The block's index entries are loaded one or two per thread and then spread to the score
     # layout: loaded straight into it, 16 per thread, their addresses stay live across the loop
@@ -187,7 +212,25 @@ def _scorer(
     blocks = blocks_in_use(idx_row, start, end, BLOCKS, BLOCK_N, 4)
     oa = gl.zeros([BLOCK_H, TILE], gl.float32, o_layout)
     ob = gl.zeros([BLOCK_H, TILE], gl.float32, o_layout)
-    mbarrier.wait(q_bar, 0)  # the right warpgroup staged q
+    if ROPE:
+        # Here rather than with the rest of q in the right warpgroup: staged there, Triton 3.9
+        # spilled 16 bytes of the producer's addresses (the two share a prologue).
+        _stage_q(
+            q_ptr,
+            q_smem,
+            qr_smem,
+            tok,
+            hb,
+            heads,
+            stride_qt,
+            stride_qh,
+            BLOCK_H,
+            True,
+            q_layout,
+            LATENT=False,
+        )
+        fence_async_shared()  # generic-proxy stores -> this warpgroup's wgmma
+    mbarrier.wait(q_bar, 0)  # the right warpgroup staged q's latent lanes
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(1, s_layout))
 
@@ -197,7 +240,7 @@ def _scorer(
     # block i + 1's scores before block i's softmax measured slower: the per-block waits
     # dominate.)
     valid = gl.convert_layout(_load_idx(idx_row, start, end, BLOCK_N, idx_l) >= 0, keys)
-    s = _block_scores(q_smem, kv_bufs, full_bars, 0, BLOCK_N, s_layout)
+    s = _block_scores(q_smem, qr_smem, kv_bufs, rope_bufs, full_bars, 0, BLOCK_N, ROPE, s_layout)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, qk_scale_log2, KEYS=1)
     p16 = _hand_over(p, alpha, p_smem, a_smem, p_full, p_empty, 0)
@@ -211,7 +254,9 @@ def _scorer(
         )
         oa, ob = warpgroup_mma_wait(num_outstanding=0, deps=(oa, ob))
         mbarrier.arrive(empty_bars.index(prev), count=1)
-        s = _block_scores(q_smem, kv_bufs, full_bars, i, BLOCK_N, s_layout)
+        s = _block_scores(
+            q_smem, qr_smem, kv_bufs, rope_bufs, full_bars, i, BLOCK_N, ROPE, s_layout
+        )
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, qk_scale_log2, KEYS=1)
         p16 = _hand_over(p, alpha, p_smem, a_smem, p_full, p_empty, i)
@@ -271,13 +316,13 @@ def _right(
     o_layout: gl.constexpr,
     q_layout: gl.constexpr,
 ):
-    """Stages q for the scorer (which keeps its registers for the loop), then the right half of
-    O from the P the scorer shares; the tile goes back after each block."""
+    """Stages q's latent lanes for the scorer (which keeps its registers for the loop), then the
+    right half of O from the P the scorer shares; the tile goes back after each block."""
     pid, nprog, splits, items = _stream(tokens, width, entries_per_split, HEAD_BLOCKS, ONE_SPLIT)
     tok, hb, split, idx_row, start, end = _item(
         pid, idx_ptr, width, entries_per_split, stride_it, splits, HEAD_BLOCKS
     )
-    _stage_q(q_ptr, q_smem, tok, hb, heads, stride_qt, stride_qh, BLOCK_H, q_layout)
+    _stage_q(q_ptr, q_smem, q_smem, tok, hb, heads, stride_qt, stride_qh, BLOCK_H, False, q_layout)
     fence_async_shared()  # generic-proxy stores -> the scorer's wgmma
     mbarrier.arrive(q_bar, count=1)
     blocks = blocks_in_use(idx_row, start, end, BLOCKS, kv_bufs[0].shape[1], 4)
@@ -322,6 +367,7 @@ def hopper_wide_decode_kernel(
     tokens,
     BLOCK_N: gl.constexpr,
     ROW_BYTES: gl.constexpr,
+    ROPE: gl.constexpr,
     HEAD_BLOCKS: gl.constexpr,
     ONE_SPLIT: gl.constexpr,
     BLOCKS: gl.constexpr,
@@ -332,6 +378,8 @@ def hopper_wide_decode_kernel(
     P_REGS: gl.constexpr,
     R_REGS: gl.constexpr,
 ):
+    # ROPE: 576-wide QK (the rows' RoPE lanes against q's last 64; the output reads the 512
+    # latent lanes only), else 512-wide NoPE.
     # BLOCKS: BLOCK_N-row blocks per program (entries_per_split / BLOCK_N); KV_BUFS: dequantized
     # tiles; P_BUFS: P tiles handed to the right warpgroup; RING_SLOTS: producer
     # ring slots of 4 * P_WARPS rows; P_REGS, R_REGS: the producer's and right warpgroup's
@@ -348,8 +396,11 @@ def hopper_wide_decode_kernel(
     q_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, TILE], gl.bfloat16)
     p_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_N], gl.bfloat16)
 
-    raw_k, raw_s, idx_ring, kv_bufs = _producer_buffers(RING_SLOTS, SUB, KV_BUFS, BLOCK_N)
+    raw_k, raw_s, raw_r, idx_ring, kv_bufs, rope_bufs = _producer_buffers(
+        RING_SLOTS, SUB, KV_BUFS, BLOCK_N, ROPE
+    )
     q_smem = gl.allocate_shared_memory(gl.bfloat16, [4, BLOCK_H, TILE], q_shared)
+    qr_smem = _q_rope_buffer(q_smem, BLOCK_H, ROPE)
     p_smem = gl.allocate_shared_memory(gl.bfloat16, [P_BUFS, BLOCK_H, BLOCK_N], p_shared)
     a_smem = gl.allocate_shared_memory(gl.float32, [P_BUFS, BLOCK_H], vec)
     inv_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], vec)
@@ -373,11 +424,14 @@ def hopper_wide_decode_kernel(
             (
                 _scorer,
                 (
+                    q_ptr,
                     out_ptr,
                     lse_ptr,
                     idx_ptr,
                     q_smem,
+                    qr_smem,
                     kv_bufs,
+                    rope_bufs,
                     p_smem,
                     a_smem,
                     inv_smem,
@@ -392,6 +446,8 @@ def hopper_wide_decode_kernel(
                     entries_per_split,
                     qk_scale_log2,
                     tokens,
+                    stride_qt,
+                    stride_qh,
                     stride_it,
                     stride_ot,
                     stride_oh,
@@ -402,8 +458,10 @@ def hopper_wide_decode_kernel(
                     BLOCKS,
                     HEAD_BLOCKS,
                     ONE_SPLIT,
+                    ROPE,
                     s_layout,
                     o_layout,
+                    q_layout,
                 ),
             ),
             (
@@ -450,13 +508,16 @@ def hopper_wide_decode_kernel(
                     tokens,
                     raw_k,
                     raw_s,
+                    raw_r,
                     idx_ring,
                     kv_bufs,
+                    rope_bufs,
                     full_bars,
                     empty_bars,
                     BLOCK_N,
                     BLOCKS,
                     ROW_BYTES,
+                    ROPE,
                     RING_SLOTS,
                     P_WARPS,
                     HEAD_BLOCKS,

@@ -1,4 +1,4 @@
-"""Warp-specialised, persistent sparse MLA decode for Hopper (SM90), NoPE rows, in Gluon.
+"""Warp-specialised, persistent sparse MLA decode for Hopper (SM90), in Gluon.
 
 `hopper_decode.py` runs every phase in the same warps, one after the other: gather, dequantize,
 score product, softmax, output product; ncu showed each SM doing one of them at a time. Here
@@ -7,7 +7,10 @@ the roles run at once, in partitions that hand tiles over with mbarriers:
 - the producer (two warpgroups) gathers rows with cp.async into a ring of 32-row slots and
   dequantizes each 64-row block (fp8 * tile scale -> bf16, rounded as the reference rounds)
   into one of two swizzled tiles. Each slot's copy group also brings the index entries of the
-  rows that will refill it, so no index load is ever waited on;
+  rows that will refill it, so no index load is ever waited on. With ROPE (576-wide QK: the
+  shim, or real RoPE rows) each row's 64 bf16 RoPE lanes come into the ring too and are copied
+  as stored into a RoPE tile beside the dequantized one, for a fifth score group
+  K_rope Q_rope^T (`hopper_decode`'s); the output product reads the 512 latent lanes only;
 - with ROLE_SPLIT, a scorer warpgroup runs S^T = K Q^T and the online softmax, and hands P and
   the per-head rescale factor through a double-buffered P tile to an accumulator warpgroup,
   which runs O^T = alpha O^T + K^T P^T and holds O^T. So the scores of block i+1 overlap the
@@ -22,8 +25,8 @@ rows past an item's range are masked.
 
 Two mbarriers per tile hand it over: `full` (producer -> consumer: the tile holds the next
 block) and `empty` (the output product that read it retired). O^T (512 x heads, fp32) lives in
-one warpgroup's registers, so a program takes at most 32 heads; RoPE rows stay with
-`hopper_decode`. Same output buffers as `hopper_decode.hopper_decode_kernel`, plus `tokens`.
+one warpgroup's registers, so a program takes at most 32 heads. Same output buffers as
+`hopper_decode.hopper_decode_kernel`, plus `tokens`.
 """
 
 from __future__ import annotations
@@ -38,8 +41,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from nopebench.impls.native.hopper_decode import (
+    ROPE_OFFSET,
     TILE,
     _attend,
+    _copy_lanes,
     _copy_rows,
     _cp_async,
     _empty_state,
@@ -57,6 +62,10 @@ CONSUMER_WARPS, PRODUCER_WARPS = 4, 8  # each consumer role is one warpgroup
 # setmaxnreg budgets: the producer's dequantization and the scorer's softmax without spilling
 # (the compile-only build checks); the accumulator (the default partition) gets the rest.
 PRODUCER_REGS, SCORER_REGS = 104, 96
+# With RoPE lanes and one consumer, a producer with 104 made Triton 3.9 spill 8 bytes (the
+# thread index, kept across the partitions); with 112 it spills nothing, and the consumer keeps
+# the most setmaxnreg gives (256).
+PRODUCER_ROPE_REGS = 112
 
 
 def launch_regs(role_split: bool) -> int:
@@ -72,13 +81,14 @@ def launch_constants(plan, row_bytes: int) -> tuple[dict, dict]:
         BLOCK_H=plan.block_h,
         BLOCK_N=plan.block_n,
         ROW_BYTES=row_bytes,
+        ROPE=plan.rope,
         HEAD_BLOCKS=plan.head_blocks,
         BLOCKS=plan.entries_per_split // plan.block_n,
         RING_SLOTS=plan.num_stages,
         ROLE_SPLIT=plan.role_split,
         C_WARPS=CONSUMER_WARPS,
         P_WARPS=PRODUCER_WARPS,
-        P_REGS=PRODUCER_REGS,
+        P_REGS=PRODUCER_ROPE_REGS if plan.rope and not plan.role_split else PRODUCER_REGS,
         S_REGS=SCORER_REGS,
     )
     return constants, {"num_warps": CONSUMER_WARPS, "maxnreg": launch_regs(plan.role_split)}
@@ -185,19 +195,25 @@ def _gather_block(
     idx,
     raw_k,
     raw_s,
+    raw_r,
     slot,
     idx_row,
     idx_n0,
     end,
     idx_ring,
     ROW_BYTES: gl.constexpr,
+    ROPE: gl.constexpr,
     gather: gl.constexpr,
     scales_l: gl.constexpr,
+    rope_gather: gl.constexpr,
     idx_l: gl.constexpr,
 ):
-    """One commit group into ring slot `slot`: the rows `idx` names, and the index entries from
-    `idx_n0` on, which a later refill of the slot will gather: so no index load is waited on."""
-    _copy_rows(cache_ptr, idx, raw_k, raw_s, slot, ROW_BYTES, gather, scales_l)
+    """One commit group into ring slot `slot`: the rows `idx` names (with ROPE their RoPE lanes
+    too), and the index entries from `idx_n0` on, which a later refill of the slot will gather:
+    so no index load is waited on."""
+    row, valid = _copy_rows(cache_ptr, idx, raw_k, raw_s, slot, ROW_BYTES, gather, scales_l)
+    if ROPE:
+        _copy_lanes(row, valid, raw_r, slot, ROPE_OFFSET, gl.bfloat16, 64, rope_gather)
     offs = idx_n0 + gl.arange(0, idx_ring.shape[1], layout=idx_l)
     _cp_async(idx_ring.index(slot), idx_row + offs, mask=offs < end)
     cp.commit_group()
@@ -225,20 +241,24 @@ def _producer(
     tokens,
     raw_k,
     raw_s,
+    raw_r,
     idx_ring,
     kv_bufs,
+    rope_bufs,
     full_bars,
     empty_bars,
     BLOCK_N: gl.constexpr,
     BLOCKS: gl.constexpr,
     ROW_BYTES: gl.constexpr,
+    ROPE: gl.constexpr,
     RING_SLOTS: gl.constexpr,
     P_WARPS: gl.constexpr,
     HEAD_BLOCKS: gl.constexpr,
     ONE_SPLIT: gl.constexpr,
     ONE_ITEM: gl.constexpr,
 ):
-    """Gathers and dequantizes every block of every item into the tile the consumers freed.
+    """Gathers and dequantizes every block of every item into the tile the consumers freed (with
+    ROPE, the rows' RoPE lanes into the RoPE tile beside it, bf16 as stored).
     ONE_ITEM: the grid has one program per item, and the item's trailing blocks of -1 entries
     are skipped (`blocks_in_use`; every role of the kernel skips the same ones)."""
     # The ring holds sub-blocks of SUB rows (one pass of the gather layout), so that while one is
@@ -250,6 +270,9 @@ def _producer(
     PER_ITEM: gl.constexpr = BLOCKS * SUBS
     gather: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [P_WARPS, 1], [1, 0])
     scales_l: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [P_WARPS, 1], [1, 0])
+    # A row's 128 bytes of RoPE lanes: 16 bytes a thread, rows spread as in the gather (so the
+    # row addresses need no layout conversion); the ring-to-tile copy uses it too.
+    rope_gather: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [P_WARPS, 1], [1, 0])
     idx_l: gl.constexpr = gl.BlockedLayout([1], [32], [P_WARPS], [0])
     # Dequantization: 8 bytes in, one 16-byte store out per thread, a warp's stores spread over
     # all banks of the swizzled tile (the gather layout's 32-byte runs conflict: 5% slower).
@@ -291,14 +314,17 @@ def _producer(
             _load_idx(row, n0, end, SUB, rows_g),
             raw_k,
             raw_s,
+            raw_r,
             j,
             nrow,
             nn0,
             nend,
             idx_ring,
             ROW_BYTES,
+            ROPE,
             gather,
             scales_l,
+            rope_gather,
             idx_l,
         )
     bufs: gl.constexpr = kv_bufs[0].shape[0]  # dequantized tiles the consumers cycle through
@@ -316,6 +342,11 @@ def _producer(
             cp.wait_group(
                 RING_SLOTS - 1
             )  # sub-block k has landed, with the indices of k + RING_SLOTS
+            if ROPE:
+                # The RoPE lanes go to the tile as stored (bf16, no conversion), before the
+                # dequantization so that their registers are free again for it (copied after
+                # it, Triton 3.9 spilled 8 bytes in the producer at 16 heads).
+                rope_bufs.index(b).slice(j * SUB, SUB).store(raw_r.index(slot).load(rope_gather))
             # The slot's loads, then the tile's stores (timed the same as interleaving them).
             scales = raw_s.index(slot).load(deq_scales)
             raw = (
@@ -365,14 +396,17 @@ def _producer(
                 idx,
                 raw_k,
                 raw_s,
+                raw_r,
                 slot,
                 nrow,
                 nn0,
                 nend,
                 idx_ring,
                 ROW_BYTES,
+                ROPE,
                 gather,
                 scales_l,
+                rope_gather,
                 idx_l,
             )
         fence_async_shared()  # generic-proxy stores -> the consumers' wgmma (async proxy)
@@ -382,11 +416,17 @@ def _producer(
 
 @gluon.jit
 def _producer_buffers(
-    RING_SLOTS: gl.constexpr, SUB: gl.constexpr, KV_BUFS: gl.constexpr, BLOCK_N: gl.constexpr
+    RING_SLOTS: gl.constexpr,
+    SUB: gl.constexpr,
+    KV_BUFS: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    ROPE: gl.constexpr,
 ):
     """The shared memory `_producer` works in: the gather ring (fp8 tiles, tile scales and the
     index entries of each slot's next refill, RING_SLOTS slots of SUB rows) and the KV_BUFS
-    dequantized bf16 tiles it fills for the consumers' wgmma."""
+    dequantized bf16 tiles it fills for the consumers' wgmma. With ROPE also the ring's RoPE
+    lanes and, beside each tile, a [BLOCK_N, 64] bf16 RoPE tile for the scores (swizzled for
+    wgmma); without, those two are placeholders, never touched."""
     plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     kv_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, TILE], gl.bfloat16)
     raw_k = _per_tile(gl.uint8, [RING_SLOTS, SUB, TILE], plain)
@@ -394,7 +434,27 @@ def _producer_buffers(
     idx_ring = gl.allocate_shared_memory(
         gl.int32, [RING_SLOTS, SUB], gl.SwizzledSharedLayout(1, 1, 1, [0])
     )
-    return raw_k, raw_s, idx_ring, _per_tile(gl.bfloat16, [KV_BUFS, BLOCK_N, TILE], kv_shared)
+    kv_bufs = _per_tile(gl.bfloat16, [KV_BUFS, BLOCK_N, TILE], kv_shared)
+    if ROPE:
+        r_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, 64], gl.bfloat16)
+        raw_r = gl.allocate_shared_memory(gl.bfloat16, [RING_SLOTS, SUB, 64], r_shared)
+        rope_bufs = gl.allocate_shared_memory(gl.bfloat16, [KV_BUFS, BLOCK_N, 64], r_shared)
+    else:
+        raw_r = raw_s
+        rope_bufs = raw_s
+    return raw_k, raw_s, raw_r, idx_ring, kv_bufs, rope_bufs
+
+
+@gluon.jit
+def _q_rope_buffer(q_smem, BLOCK_H: gl.constexpr, ROPE: gl.constexpr):
+    """Where `_stage_q` puts q's RoPE lanes, swizzled as the B operand (K-major) of the scores'
+    RoPE group (with heads on M in the 64-head kernel, its A operand); without ROPE `q_smem`
+    stands in, never touched."""
+    if ROPE:
+        qr_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, 64], gl.bfloat16)
+        return gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 64], qr_shared)
+    else:
+        return q_smem
 
 
 @gluon.jit
@@ -405,18 +465,21 @@ def _tile(kv_bufs, b):
 @gluon.jit
 def _scores(
     q_smem,
+    qr_smem,
     kv_bufs,
+    rope_bufs,
     full_bars,
     g,
     BLOCK_N: gl.constexpr,
     BLOCK_H: gl.constexpr,
+    ROPE: gl.constexpr,
     s_layout: gl.constexpr,
 ):
-    """Waits for stream block g's tile and returns its scores S^T = K Q^T."""
+    """Waits for stream block g's tile and returns its scores S^T = K Q^T (+ K_rope Q_rope^T)."""
     b = g % NUM_BUF
     mbarrier.wait(full_bars.index(b), (g // NUM_BUF) & 1)
     s = _issue_scores(
-        _tile(kv_bufs, b), q_smem, q_smem, q_smem, 0, BLOCK_N, BLOCK_H, False, s_layout
+        _tile(kv_bufs, b), q_smem, rope_bufs, qr_smem, b, BLOCK_N, BLOCK_H, ROPE, s_layout
     )
     return warpgroup_mma_wait(num_outstanding=0, deps=(s,))
 
@@ -428,7 +491,9 @@ def _consumer(
     lse_ptr,
     idx_ptr,
     q_smem,
+    qr_smem,
     kv_bufs,
+    rope_bufs,
     p_smem,
     full_bars,
     empty_bars,
@@ -449,6 +514,7 @@ def _consumer(
     BLOCK_H: gl.constexpr,
     BLOCKS: gl.constexpr,
     HEAD_BLOCKS: gl.constexpr,
+    ROPE: gl.constexpr,
     acc_layout: gl.constexpr,
     q_layout: gl.constexpr,
 ):
@@ -460,12 +526,14 @@ def _consumer(
     tok, hb, split, idx_row, start, end = _item(
         pid, idx_ptr, width, entries_per_split, stride_it, splits, HEAD_BLOCKS
     )
-    _stage_q(q_ptr, q_smem, tok, hb, heads, stride_qt, stride_qh, BLOCK_H, q_layout)
+    _stage_q(q_ptr, q_smem, qr_smem, tok, hb, heads, stride_qt, stride_qh, BLOCK_H, ROPE, q_layout)
     fence_async_shared()
     o0, o1, o2, o3, m_i, l_i = _empty_state(BLOCK_H, acc_layout, acc_layout)
     for i in range(BLOCKS):
         valid = _load_idx(idx_row, start + i * BLOCK_N, end, BLOCK_N, rows_s) >= 0
-        s = _scores(q_smem, kv_bufs, full_bars, i, BLOCK_N, BLOCK_H, acc_layout)
+        s = _scores(
+            q_smem, qr_smem, kv_bufs, rope_bufs, full_bars, i, BLOCK_N, BLOCK_H, ROPE, acc_layout
+        )
         o0, o1, o2, o3, m_i, l_i = _attend(
             s,
             valid,
@@ -510,7 +578,9 @@ def _scorer(
     q_ptr,
     idx_ptr,
     q_smem,
+    qr_smem,
     kv_bufs,
+    rope_bufs,
     p_smem,
     a_smem,
     ml_smem,
@@ -530,6 +600,7 @@ def _scorer(
     BLOCK_H: gl.constexpr,
     BLOCKS: gl.constexpr,
     HEAD_BLOCKS: gl.constexpr,
+    ROPE: gl.constexpr,
     s_layout: gl.constexpr,
     q_layout: gl.constexpr,
 ):
@@ -541,7 +612,9 @@ def _scorer(
         tok, hb, split, idx_row, start, end = _item(
             pid + it * nprog, idx_ptr, width, entries_per_split, stride_it, splits, HEAD_BLOCKS
         )
-        _stage_q(q_ptr, q_smem, tok, hb, heads, stride_qt, stride_qh, BLOCK_H, q_layout)
+        _stage_q(
+            q_ptr, q_smem, qr_smem, tok, hb, heads, stride_qt, stride_qh, BLOCK_H, ROPE, q_layout
+        )
         fence_async_shared()
         m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(0, s_layout))
         l_i = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(0, s_layout))
@@ -549,7 +622,9 @@ def _scorer(
             g = it * BLOCKS + i
             b = g % NUM_BUF
             valid = _load_idx(idx_row, start + i * BLOCK_N, end, BLOCK_N, rows_s) >= 0
-            s = _scores(q_smem, kv_bufs, full_bars, g, BLOCK_N, BLOCK_H, s_layout)
+            s = _scores(
+                q_smem, qr_smem, kv_bufs, rope_bufs, full_bars, g, BLOCK_N, BLOCK_H, ROPE, s_layout
+            )
             p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, qk_scale_log2)
             mbarrier.wait(
                 p_empty.index(b), ((g // NUM_BUF) & 1) ^ 1
@@ -662,6 +737,7 @@ def hopper_ws_decode_kernel(
     BLOCK_H: gl.constexpr,
     BLOCK_N: gl.constexpr,
     ROW_BYTES: gl.constexpr,
+    ROPE: gl.constexpr,
     HEAD_BLOCKS: gl.constexpr,
     BLOCKS: gl.constexpr,
     RING_SLOTS: gl.constexpr,
@@ -671,6 +747,8 @@ def hopper_ws_decode_kernel(
     P_REGS: gl.constexpr,
     S_REGS: gl.constexpr,
 ):
+    # ROPE: 576-wide QK, the rows' 64 bf16 RoPE lanes at ROPE_OFFSET against q's last 64 (the
+    # output still reads the 512 latent lanes only); without it 512-wide NoPE.
     # BLOCKS: BLOCK_N-row blocks per item (entries_per_split / BLOCK_N); C_WARPS: each consumer
     # role's warps (one warpgroup, the kernel's num_warps); P_WARPS, P_REGS, S_REGS: the producer's
     # warps and the producer's and scorer's register budgets (setmaxnreg); RING_SLOTS: ring
@@ -686,8 +764,11 @@ def hopper_ws_decode_kernel(
     q_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, TILE], gl.bfloat16)
     p_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_H], gl.bfloat16)
 
-    raw_k, raw_s, idx_ring, kv_bufs = _producer_buffers(RING_SLOTS, SUB, NUM_BUF, BLOCK_N)
+    raw_k, raw_s, raw_r, idx_ring, kv_bufs, rope_bufs = _producer_buffers(
+        RING_SLOTS, SUB, NUM_BUF, BLOCK_N, ROPE
+    )
     q_smem = gl.allocate_shared_memory(gl.bfloat16, [4, BLOCK_H, TILE], q_shared)
+    qr_smem = _q_rope_buffer(q_smem, BLOCK_H, ROPE)
     p_smem = gl.allocate_shared_memory(gl.bfloat16, [NUM_BUF, BLOCK_N, BLOCK_H], p_shared)
     full_bars = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
     empty_bars = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
@@ -748,7 +829,9 @@ def hopper_ws_decode_kernel(
                         q_ptr,
                         idx_ptr,
                         q_smem,
+                        qr_smem,
                         kv_bufs,
+                        rope_bufs,
                         p_smem,
                         a_smem,
                         ml_smem,
@@ -768,6 +851,7 @@ def hopper_ws_decode_kernel(
                         BLOCK_H,
                         BLOCKS,
                         HEAD_BLOCKS,
+                        ROPE,
                         acc_layout,
                         q_layout,
                     ),
@@ -783,13 +867,16 @@ def hopper_ws_decode_kernel(
                         tokens,
                         raw_k,
                         raw_s,
+                        raw_r,
                         idx_ring,
                         kv_bufs,
+                        rope_bufs,
                         full_bars,
                         empty_bars,
                         BLOCK_N,
                         BLOCKS,
                         ROW_BYTES,
+                        ROPE,
                         RING_SLOTS,
                         P_WARPS,
                         HEAD_BLOCKS,
@@ -812,7 +899,9 @@ def hopper_ws_decode_kernel(
                         lse_ptr,
                         idx_ptr,
                         q_smem,
+                        qr_smem,
                         kv_bufs,
+                        rope_bufs,
                         p_smem,
                         full_bars,
                         empty_bars,
@@ -833,6 +922,7 @@ def hopper_ws_decode_kernel(
                         BLOCK_H,
                         BLOCKS,
                         HEAD_BLOCKS,
+                        ROPE,
                         acc_layout,
                         q_layout,
                     ),
@@ -848,13 +938,16 @@ def hopper_ws_decode_kernel(
                         tokens,
                         raw_k,
                         raw_s,
+                        raw_r,
                         idx_ring,
                         kv_bufs,
+                        rope_bufs,
                         full_bars,
                         empty_bars,
                         BLOCK_N,
                         BLOCKS,
                         ROW_BYTES,
+                        ROPE,
                         RING_SLOTS,
                         P_WARPS,
                         HEAD_BLOCKS,

@@ -18,6 +18,7 @@ from nopebench.impls.native.constants import (
     WIDE_KV_BUFS,
     WIDE_P_BUFS,
     WIDE_RING_ROWS,
+    WIDE_ROPE_BLOCK_N,
     WS_MAX_BLOCK_H,
     WS_RING_ROWS,
     WS_SPLIT_SLOTS,
@@ -46,6 +47,7 @@ class LaunchPlan:
     max_programs: int = (
         0  # hopper_ws: programs of its persistent grid (one per SM); 0: one per work item
     )
+    rope: bool = False  # SM90 plans: shared memory planned for the RoPE lanes (576-wide QK)
 
     @property
     def programs(self) -> int:
@@ -115,16 +117,20 @@ def hopper_smem_bytes(block_h: int, stages: int, rope: bool, block_n: int = 64) 
     return ring + fixed + 1024
 
 
-def ws_smem_bytes(block_h: int, slots: int, block_n: int = 64, role_split: bool = False) -> int:
+def ws_smem_bytes(
+    block_h: int, slots: int, block_n: int = 64, role_split: bool = False, rope: bool = False
+) -> int:
     """Shared memory of the warp-specialised kernel: the gather ring (fp8 tiles, scales, index
     entries), two dequantized tiles, q, two P tiles, with the role split the rescale factors and
-    final softmax state handed over, and mbarriers and compiler scratch."""
-    ring = slots * WS_RING_ROWS * RING_ROW_BYTES
+    final softmax state handed over, and mbarriers and compiler scratch. With `rope` every row of
+    the ring, of the two tiles and of q also holds 64 bf16 RoPE lanes."""
+    rope_row = RING_ROPE_BYTES if rope else 0
+    ring = slots * WS_RING_ROWS * (RING_ROW_BYTES + rope_row)
     handover = 6 * block_h * 4 if role_split else 0
     return (
         ring
-        + 2 * block_n * 512 * 2
-        + 4 * block_h * 128 * 2
+        + 2 * block_n * (512 * 2 + rope_row)
+        + block_h * (4 * 128 * 2 + rope_row)
         + 2 * block_n * block_h * 2
         + handover
         + 1536
@@ -195,6 +201,7 @@ def plan_hopper(
         num_stages=stages,
         prefetch=False,
         kernel="hopper",
+        rope=rope,
     )
 
 
@@ -233,14 +240,16 @@ def plan_hopper_ws(
     splits: int | None = None,
     block_h: int | None = None,
     role_split: bool | None = None,
+    rope: bool = False,
 ) -> LaunchPlan:
-    """Launch shape for the warp-specialised SM90 kernel (NoPE rows, at most 32 heads per
-    program): 64-row blocks, two dequantized tiles, as many heads per program as it takes. With
-    16 heads per program the scorer and the accumulator are separate warpgroups (faster on the
-    H200; at 32 heads one consumer was faster, also at 8 and 64 tokens where 16 heads per
-    program would fill more SMs), with WS_SPLIT_SLOTS ring slots and one persistent program per
-    SM; one consumer takes as many 32-row slots as shared memory holds and one program per work
-    item (the H200 sweeps: results/reference/decode-tuning/)."""
+    """Launch shape for the warp-specialised SM90 kernel (at most 32 heads per program): 64-row
+    blocks, two dequantized tiles, as many heads per program as it takes. With 16 heads per
+    program the scorer and the accumulator are separate warpgroups (faster on the H200; at 32
+    heads one consumer was faster, also at 8 and 64 tokens where 16 heads per program would fill
+    more SMs), with WS_SPLIT_SLOTS ring slots and one persistent program per SM; one consumer
+    takes as many 32-row slots as shared memory holds and one program per work item (the H200
+    sweeps: results/reference/decode-tuning/). `rope`: the rows' RoPE lanes are read too
+    (576-wide QK), which takes shared memory in the ring, the tiles and q, so fewer slots fit."""
     block_n = 64
     if block_h is None:
         block_h = min(WS_MAX_BLOCK_H, max(16, next_pow2(heads)))
@@ -256,9 +265,11 @@ def plan_hopper_ws(
         )
     if slots is None:
         slots = WS_SPLIT_SLOTS if role_split else 1
-        while not role_split and ws_smem_bytes(block_h, slots + 1, block_n) <= HOPPER_SMEM:
+        while (
+            not role_split and ws_smem_bytes(block_h, slots + 1, block_n, rope=rope) <= HOPPER_SMEM
+        ):
             slots += 1
-    if ws_smem_bytes(block_h, slots, block_n, role_split) > HOPPER_SMEM:
+    if ws_smem_bytes(block_h, slots, block_n, role_split, rope) > HOPPER_SMEM:
         raise ValueError(
             f"{slots} ring slots at {block_h} heads need more shared memory than SM90 has"
         )
@@ -277,17 +288,26 @@ def plan_hopper_ws(
         kernel="hopper_ws",
         role_split=role_split,
         max_programs=sms if role_split else 0,
+        rope=rope,
     )
 
 
-def wide_smem_bytes(slots: int) -> int:
+def wide_block_n(rope: bool) -> int:
+    """Rows per block of the 64-head kernel: fewer with RoPE lanes, for shared memory."""
+    return WIDE_ROPE_BLOCK_N if rope else WIDE_BLOCK_N
+
+
+def wide_smem_bytes(slots: int, rope: bool = False) -> int:
     """Shared memory of the 64-head kernel: the producer's ring (fp8 tiles, scales, index
     entries), the dequantized tiles, q, the P tiles and their rescale factors, 1/l, mbarriers
-    and compiler scratch."""
-    ring = slots * WIDE_RING_ROWS * RING_ROW_BYTES
-    tiles = (
-        WIDE_KV_BUFS * WIDE_BLOCK_N + WIDE_BLOCK_H
-    ) * 512 * 2 + WIDE_P_BUFS * WIDE_BLOCK_H * WIDE_BLOCK_N * 2
+    and compiler scratch. With `rope` every row of the ring, of the tiles and of q also holds
+    64 bf16 RoPE lanes, and the blocks are `wide_block_n(True)` rows."""
+    rope_row = RING_ROPE_BYTES if rope else 0
+    block_n = wide_block_n(rope)
+    ring = slots * WIDE_RING_ROWS * (RING_ROW_BYTES + rope_row)
+    tiles = (WIDE_KV_BUFS * block_n + WIDE_BLOCK_H) * (
+        512 * 2 + rope_row
+    ) + WIDE_P_BUFS * WIDE_BLOCK_H * block_n * 2
     return ring + tiles + (WIDE_P_BUFS + 1) * WIDE_BLOCK_H * 4 + 1024
 
 
@@ -298,16 +318,18 @@ def plan_hopper_wide(
     sms: int = DEFAULT_SMS,
     slots: int | None = None,
     splits: int | None = None,
+    rope: bool = False,
 ) -> LaunchPlan:
-    """Launch shape for the 64-head SM90 kernel (NoPE rows): as many producer ring slots as shared
-    memory holds (three), one program per (token, head block, split), split as
-    `_split_one_per_sm` does."""
-    block_n = WIDE_BLOCK_N
+    """Launch shape for the 64-head SM90 kernel: as many producer ring slots as shared memory
+    holds (three for NoPE rows), one program per (token, head block, split), split as
+    `_split_one_per_sm` does. `rope`: the rows' RoPE lanes are read too (576-wide QK), in
+    `wide_block_n(True)`-row blocks, since 64-row ones leave no room for the ring."""
+    block_n = wide_block_n(rope)
     if slots is None:
         slots = 1
-        while wide_smem_bytes(slots + 1) <= HOPPER_SMEM:
+        while wide_smem_bytes(slots + 1, rope) <= HOPPER_SMEM:
             slots += 1
-    if wide_smem_bytes(slots) > HOPPER_SMEM:
+    if wide_smem_bytes(slots, rope) > HOPPER_SMEM:
         raise ValueError(f"{slots} ring slots need more shared memory than SM90 has")
     head_blocks, splits, per_split = _split_one_per_sm(
         tokens, heads, width, WIDE_BLOCK_H, block_n, sms, splits, fill=-(-sms // 2)
@@ -322,4 +344,5 @@ def plan_hopper_wide(
         num_stages=slots,
         prefetch=False,
         kernel="hopper_wide",
+        rope=rope,
     )
