@@ -119,6 +119,16 @@ ResultsOpt = Annotated[
     Path | None,
     typer.Option("--results-dir", help="Root for run directories (default: ./results)."),
 ]
+NoiseFloorOpt = Annotated[
+    float,
+    typer.Option(
+        "--noise-floor",
+        metavar="FRACTION",
+        help="Run-to-run noise: a cell is marked only beyond the larger of its two spreads and "
+        "this fraction, in [0, 1); the default is the largest difference between two H200 grids "
+        "of the same code, rounded up; 0: the spreads alone.",
+    ),
+]
 
 
 def _dispatch(fn: Callable[[], int], json_out: bool = False) -> None:
@@ -281,6 +291,7 @@ def bench_decode(
         Path | None,
         typer.Option(help="A previous bench-decode results.csv to mark regressions against."),
     ] = None,
+    noise_floor: NoiseFloorOpt = o.DEFAULT_NOISE_FLOOR,
     heads: Annotated[
         list[int] | None, typer.Option("--heads", help="Only these head counts (repeat).")
     ] = None,
@@ -300,19 +311,22 @@ def bench_decode(
     """Check, then time, sparse MLA decode: NoPE against the shim, FlashMLA and FlashInfer."""
     from nopebench.commands import bench_decode as command
 
-    opts = o.BenchDecodeOptions(
-        config=config,
-        model=model,
-        impls=tuple(impl or ()),
-        quick=quick,
-        baseline=baseline,
-        output=o.Output(results_dir, json_out),
-        heads=tuple(heads or ()),
-        tokens=tuple(tokens or ()),
-        widths=tuple(width or ()),
-        modes=tuple(mode or ()),
-    )
-    _dispatch(lambda: command.execute(opts), json_out)
+    def options() -> o.BenchDecodeOptions:  # inside _dispatch: a bad --noise-floor is one line
+        return o.BenchDecodeOptions(
+            config=config,
+            model=model,
+            impls=tuple(impl or ()),
+            quick=quick,
+            baseline=baseline,
+            noise_floor=noise_floor,
+            output=o.Output(results_dir, json_out),
+            heads=tuple(heads or ()),
+            tokens=tuple(tokens or ()),
+            widths=tuple(width or ()),
+            modes=tuple(mode or ()),
+        )
+
+    _dispatch(lambda: command.execute(options()), json_out)
 
 
 @app.command(
@@ -416,12 +430,16 @@ def compare(
         bool,
         typer.Option("--json", help="Print the comparison as JSON on stdout (tables: stderr)."),
     ] = False,
+    noise_floor: NoiseFloorOpt = o.DEFAULT_NOISE_FLOOR,
 ) -> None:
     """Two bench-decode or bench-cache runs side by side per cell: both medians and spreads,
-    B / A, and a regression mark where B is slower by more than the larger spread (exit 1)."""
+    B / A, and a regression mark where B is slower by more than the larger of the two spreads
+    and the noise floor (exit 1)."""
     from nopebench.commands import compare as command
 
-    _dispatch(lambda: command.execute(o.CompareOptions(run_a, run_b, output, json_out)))
+    _dispatch(
+        lambda: command.execute(o.CompareOptions(run_a, run_b, output, json_out, noise_floor))
+    )
 
 
 @app.command()

@@ -455,7 +455,9 @@ def section_comparison(a: Path, b: Path) -> str:
         f"A: `{a}` (git {comparison.a.describe()['git_sha']}), B: `{b}` (git "
         f"{comparison.b.describe()['git_sha']}). Per cell both medians and spreads ((p90 - p10) "
         "/ median) and B / A (> 1: B is slower); REGRESSION: B slower by more than the larger "
-        "of the two spreads, faster: A slower by more than that.\n\n"
+        "of the two spreads and the run-to-run noise floor of "
+        f"{run_compare.noise_floor_pct(comparison.noise_floor)}, faster: A slower by more than "
+        "that.\n\n"
         f"{run_compare.summary_line(comparison)}.\n{differ}{chr(10) if differ else ''}\n"
         + md_table(run_compare.table_columns(comparison), run_compare.table_rows(comparison))
     )

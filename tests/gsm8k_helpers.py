@@ -97,6 +97,23 @@ def nopebench_cli(
     )
 
 
+def gsm8k_cli(
+    config: Path,
+    data: Path | None,
+    results: Path | None,
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
+) -> subprocess.CompletedProcess:
+    """`nopebench gsm8k --config CONFIG [--data DATA] [--results-dir RESULTS]` in a child
+    process (nopebench_cli); None leaves that option out."""
+    args = ["gsm8k", "--config", str(config)]
+    if data is not None:
+        args += ["--data", str(data)]
+    if results is not None:
+        args += ["--results-dir", str(results)]
+    return nopebench_cli(*args, env=env, timeout=timeout)
+
+
 def process_gone(pid: int) -> bool:
     """True once `pid` no longer runs (a zombie awaiting its reaper counts as gone)."""
     try:

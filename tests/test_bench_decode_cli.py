@@ -3,6 +3,7 @@ provenance every row carries, and that each row's `repro` command selects exactl
 
 from __future__ import annotations
 
+import json
 import shlex
 
 import pandas as pd
@@ -14,7 +15,8 @@ from nopebench.bench.decode_runner import describe
 from nopebench.bench.timing import Ceilings
 from nopebench.cli import app
 from nopebench.commands import bench_decode
-from nopebench.errors import EXIT_UNSUPPORTED, EXIT_USAGE
+from nopebench.commands.options import DEFAULT_NOISE_FLOOR
+from nopebench.errors import EXIT_CHECK_FAILED, EXIT_UNSUPPORTED, EXIT_USAGE
 from nopebench.impls import registry
 
 runner = CliRunner()
@@ -133,3 +135,44 @@ def test_without_a_gpu_valid_filters_end_in_one_line(tmp_path, monkeypatch):
     result = runner.invoke(app, ["bench-decode", "--heads", "16", "--results-dir", str(tmp_path)])
     assert result.exit_code == EXIT_UNSUPPORTED and "needs a CUDA GPU" in result.output
     assert not (tmp_path / "bench-decode").exists()
+
+
+def test_baseline_marks_beyond_the_noise_floor_and_records_it(fake_gpu_run, tmp_path):
+    """--baseline: a cell 1.5x slower than its baseline is a regression at the default floor;
+    one 3% slower (beyond both 1% spreads) only with --noise-floor 0. Rows and run.json say
+    which floor was used, and a bad floor is one line before anything runs."""
+    args = ["bench-decode", "--impl", "native", "--heads", "16", "--tokens", "1", "--quick"]
+    first = runner.invoke(app, [*args, "--results-dir", str(tmp_path / "first")])
+    assert first.exit_code == 0, first.output
+    base = pd.read_csv(_only_run(tmp_path / "first") / "results.csv")
+    assert len(base) >= 2 and set(base.spread) == {0.01}
+    base.loc[0, "median_ms"] /= 1.5
+    base.loc[1, "median_ms"] /= 1.03
+    base.to_csv(tmp_path / "baseline.csv", index=False)
+    for floor, expect in ((None, {0}), ("0", {0, 1})):
+        extra = [] if floor is None else ["--noise-floor", floor]
+        root = tmp_path / f"floor-{floor}"
+        result = runner.invoke(
+            app,
+            [
+                *args,
+                "--baseline",
+                str(tmp_path / "baseline.csv"),
+                *extra,
+                "--results-dir",
+                str(root),
+            ],
+        )
+        assert result.exit_code == EXIT_CHECK_FAILED, result.output
+        run = _only_run(root)
+        rows = pd.read_csv(run / "results.csv")
+        used = DEFAULT_NOISE_FLOOR if floor is None else 0.0
+        assert set(rows.index[rows.regression]) == expect and set(rows.noise_floor) == {used}
+        summary = json.loads((run / "run.json").read_text())["summary"]
+        assert summary["noise_floor"] == used and summary["regressions"] == len(expect)
+        assert f"the {100 * used:.3g}% noise floor" in result.output
+    bad = runner.invoke(app, [*args, "--noise-floor", "1", "--results-dir", str(tmp_path / "bad")])
+    assert bad.exit_code == EXIT_USAGE
+    (line,) = bad.output.strip().splitlines()
+    assert "--noise-floor 1.0: expected a fraction in [0, 1)" in line
+    assert not (tmp_path / "bad").exists()

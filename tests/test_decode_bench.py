@@ -266,10 +266,20 @@ def test_nope_speedup_and_regressions():
     sp = acceptance.nope_answer(rows)
     row = sp[(sp.impl == "native") & (sp.heads == 16) & (sp.query_tokens == 512)].iloc[0]
     assert row.vs_own_shim == pytest.approx(0.33 / 0.28)
-    slower = _rows(native16=0.28 * 1.10, native64=0.40 * 1.01)
-    marked = acceptance.mark_regressions(slower, rows)
-    flagged = set(marked[marked.regression].case + "/" + marked[marked.regression].impl)
-    assert flagged == {"h16-t512-nope/native"}  # 10% beyond a 2% spread; 1% is inside it
+    slower = _rows(native16=0.28 * 1.10, native64=0.40 * 1.01, n1=0.012 * 1.04)
+
+    def flagged(noise_floor: float) -> set[str]:
+        marked = acceptance.mark_regressions(slower, rows, noise_floor)
+        assert set(marked.noise_floor) == {noise_floor}
+        return set(marked[marked.regression].case + "/" + marked[marked.regression].impl)
+
+    # spreads alone: 10% and 4% beyond a 2% spread; 1% is inside it
+    assert flagged(0.0) == {"h16-t512-nope/native", "h16-t1-nope/native"}
+    # a 6% floor: 10% beyond it, 4% and 1% inside
+    assert flagged(0.06) == {"h16-t512-nope/native"}
+    # a run marked against a baseline can be marked again (its old marks replaced)
+    again = acceptance.mark_regressions(acceptance.mark_regressions(slower, rows, 0.0), rows, 0.06)
+    assert set(again[again.regression].case) == {"h16-t512-nope"}
 
 
 def test_plots_render(tmp_path):

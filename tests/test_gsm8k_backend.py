@@ -14,8 +14,8 @@ from fake_openai_server import FakeOpenAIServer, write_dataset
 from gsm8k_helpers import (
     FAKE_SERVER,
     free_port,
+    gsm8k_cli,
     isolate_hf_cache,
-    nopebench_cli,
     only_run,
     read_json,
     write_config,
@@ -235,16 +235,7 @@ def test_attach_mode_reads_the_named_log_and_fails_with_exit_1(tmp_path, env):
             attention_backend=SM120,
             server={"base_url": server.base_url, "log_file": str(log)},
         )
-        proc = nopebench_cli(
-            "gsm8k",
-            "--config",
-            str(cfg),
-            "--data",
-            str(tmp_path / "data"),
-            "--results-dir",
-            str(tmp_path / "results"),
-            env=env,
-        )
+        proc = gsm8k_cli(cfg, tmp_path / "data", tmp_path / "results", env=env)
         received, _ = server.snapshot()
     assert proc.returncode == EXIT_CHECK_FAILED
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
@@ -294,16 +285,7 @@ def test_attach_mode_without_a_log_is_refused_in_one_line(tmp_path, env):
             server={"base_url": server.base_url, "log_file": str(tmp_path / "gone.log")},
         )
         procs = [
-            nopebench_cli(
-                "gsm8k",
-                "--config",
-                str(c),
-                "--data",
-                str(tmp_path / "data"),
-                "--results-dir",
-                str(tmp_path / "results"),
-                env=env,
-            )
+            gsm8k_cli(c, tmp_path / "data", tmp_path / "results", env=env)
             for c in (no_key, no_file)
         ]
     assert [p.returncode for p in procs] == [EXIT_USAGE, EXIT_USAGE]

@@ -8,7 +8,7 @@ import shlex
 
 import pytest
 from fake_openai_server import FakeOpenAIServer, write_dataset
-from gsm8k_helpers import free_port, nopebench_cli, write_config
+from gsm8k_helpers import free_port, gsm8k_cli, nopebench_cli, write_config
 
 from nopebench.errors import EXIT_SYSTEM_FAILED, EXIT_USAGE
 
@@ -29,16 +29,7 @@ def test_server_down_is_one_line_exit_2(tmp_path, env):
     write_dataset(tmp_path / "data", n_test=2)
     port = free_port()  # nothing listens there
     cfg = write_config(tmp_path / "cfg.yaml", f"http://127.0.0.1:{port}")
-    proc = nopebench_cli(
-        "gsm8k",
-        "--config",
-        str(cfg),
-        "--data",
-        str(tmp_path / "data"),
-        "--results-dir",
-        str(tmp_path / "results"),
-        env=env,
-    )
+    proc = gsm8k_cli(cfg, tmp_path / "data", tmp_path / "results", env=env)
     assert proc.returncode == EXIT_USAGE
     line = _one_error_line(proc)
     assert (
@@ -50,19 +41,8 @@ def test_server_down_is_one_line_exit_2(tmp_path, env):
 def test_data_missing_is_one_line_exit_2(tmp_path, env):
     with FakeOpenAIServer([]) as server:
         cfg = write_config(tmp_path / "cfg.yaml", server.base_url)
-        missing = nopebench_cli(
-            "gsm8k",
-            "--config",
-            str(cfg),
-            "--data",
-            str(tmp_path / "nowhere"),
-            "--results-dir",
-            str(tmp_path / "results"),
-            env=env,
-        )
-        no_hub = nopebench_cli(
-            "gsm8k", "--config", str(cfg), "--results-dir", str(tmp_path / "results"), env=env
-        )
+        missing = gsm8k_cli(cfg, tmp_path / "nowhere", tmp_path / "results", env=env)
+        no_hub = gsm8k_cli(cfg, None, tmp_path / "results", env=env)
     assert missing.returncode == EXIT_USAGE
     assert (
         "GSM8K data: " in _one_error_line(missing)
@@ -77,9 +57,7 @@ def test_wrong_model_name_is_one_line_exit_2(tmp_path, env):
     write_dataset(tmp_path / "data", n_test=2)
     with FakeOpenAIServer([], model="served-name") as server:
         cfg = write_config(tmp_path / "cfg.yaml", server.base_url, model="other-name")
-        proc = nopebench_cli(
-            "gsm8k", "--config", str(cfg), "--data", str(tmp_path / "data"), env=env
-        )
+        proc = gsm8k_cli(cfg, tmp_path / "data", None, env=env)
     assert proc.returncode == EXIT_USAGE
     assert "does not serve model 'other-name' (it serves: served-name)" in _one_error_line(proc)
 
@@ -94,16 +72,7 @@ def test_a_good_run_prints_the_table(tmp_path, env):
             threshold=0.7,
             reference=[{"label": "upstream 4x SM120", "strict_match": 0.9325}],
         )
-        proc = nopebench_cli(
-            "gsm8k",
-            "--config",
-            str(cfg),
-            "--data",
-            str(tmp_path / "data"),
-            "--results-dir",
-            str(tmp_path / "results"),
-            env=env,
-        )
+        proc = gsm8k_cli(cfg, tmp_path / "data", tmp_path / "results", env=env)
     assert proc.returncode == 0, proc.stderr
     for text in (
         "strict-match",
@@ -129,16 +98,7 @@ def test_a_failed_run_says_how_to_resume_and_that_command_works(tmp_path, env):
     failing = problems[3].question
     with FakeOpenAIServer(problems, {failing: ["http500_last"]}) as server:
         cfg = write_config(tmp_path / "cfg.yaml", server.base_url, max_retries=2)
-        failed = nopebench_cli(
-            "gsm8k",
-            "--config",
-            str(cfg),
-            "--data",
-            str(tmp_path / "data"),
-            "--results-dir",
-            str(tmp_path / "results"),
-            env=env,
-        )
+        failed = gsm8k_cli(cfg, tmp_path / "data", tmp_path / "results", env=env)
         assert failed.returncode == EXIT_SYSTEM_FAILED
         line = _one_error_line(failed)
         assert "GSM8K stopped with 4 of 5 answers kept" in line

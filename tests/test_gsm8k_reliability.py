@@ -13,8 +13,8 @@ import time
 import pytest
 from fake_openai_server import FakeOpenAIServer, write_dataset
 from gsm8k_helpers import (
+    gsm8k_cli,
     isolate_hf_cache,
-    nopebench_cli,
     only_run,
     read_json,
     run_dirs,
@@ -23,7 +23,6 @@ from gsm8k_helpers import (
 
 from nopebench.commands import gsm8k
 from nopebench.commands.options import Gsm8kOptions
-from nopebench.config import REPO_ROOT
 from nopebench.errors import EXIT_OK, EXIT_SYSTEM_FAILED, SystemFailedError, UsageError
 from nopebench.gsm8k.config import Gsm8kConfig
 from nopebench.gsm8k.evaluate import Guard
@@ -145,16 +144,7 @@ def test_http_500_on_the_readiness_check_is_not_called_unreachable(tmp_path, env
     write_dataset(tmp_path / "data", n_test=2)
     with FakeOpenAIServer([], models_status=500) as server:
         cfg = write_config(tmp_path / "cfg.yaml", server.base_url)
-        proc = nopebench_cli(
-            "gsm8k",
-            "--config",
-            str(cfg),
-            "--data",
-            str(tmp_path / "data"),
-            "--results-dir",
-            str(tmp_path / "results"),
-            env=env,
-        )
+        proc = gsm8k_cli(cfg, tmp_path / "data", tmp_path / "results", env=env)
     assert proc.returncode == EXIT_SYSTEM_FAILED
     (line,) = proc.stderr.splitlines()
     assert line == (
@@ -177,11 +167,7 @@ def test_progress_reaches_a_log_at_a_steady_pace_and_a_stall_exits_4(tmp_path, e
             timeout_s=600,
             stall_timeout_s=3,
         )
-        proc = subprocess.run(
-            [sys.executable, "-m", "nopebench", "gsm8k", "--config", str(cfg), "--data",
-             str(tmp_path / "data"), "--results-dir", str(tmp_path / "results")],
-            cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=180,
-        )  # fmt: skip
+        proc = gsm8k_cli(cfg, tmp_path / "data", tmp_path / "results", env=env, timeout=180)
     assert proc.returncode == EXIT_SYSTEM_FAILED, proc.stderr
     lines = proc.stderr.splitlines()
     progress = [x for x in lines if x.startswith("GSM8K answers") and ": 3/10 (" in x]

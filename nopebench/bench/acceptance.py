@@ -189,23 +189,35 @@ def nope_answer(rows: pd.DataFrame) -> pd.DataFrame:
     return out[cols].sort_values([*CELL_KEYS, "mode"], kind="stable").reset_index(drop=True)
 
 
-def spread_tolerance(spread: pd.Series, baseline_spread: pd.Series) -> pd.Series:
-    """How far a time may move from its baseline within noise: the larger of the two spreads."""
-    return pd.concat([spread, baseline_spread], axis=1).max(axis=1)
+def spread_tolerance(
+    spread: pd.Series, baseline_spread: pd.Series, noise_floor: float
+) -> pd.Series:
+    """How far a time may move from its baseline within noise: the larger of the two spreads,
+    and at least `noise_floor` (run-to-run noise, which a within-run spread understates)."""
+    return pd.concat([spread, baseline_spread], axis=1).max(axis=1).clip(lower=noise_floor)
+
+
+BASELINE_COLUMNS = ("baseline_ms", "baseline_spread", "vs_baseline", "noise_floor", "regression")
 
 
 def mark_regressions(
-    rows: pd.DataFrame, baseline: pd.DataFrame, keys: tuple[str, ...] = ("case", "impl")
+    rows: pd.DataFrame,
+    baseline: pd.DataFrame,
+    noise_floor: float,
+    keys: tuple[str, ...] = ("case", "impl"),
 ) -> pd.DataFrame:
-    """Add vs_baseline (time / baseline time) and regression: slower by more than the larger of
-    the two runs' measured spreads. A cell is one row per `keys` in each run."""
+    """Add vs_baseline (time / baseline time), the noise_floor used, and regression: slower by
+    more than the spread_tolerance. A cell is one row per `keys` in each run; columns from an
+    earlier marking of `rows` are replaced."""
     keys = list(keys)
     base = timed(baseline)[keys + ["median_ms", "spread"]].rename(
         columns={"median_ms": "baseline_ms", "spread": "baseline_spread"}
     )
+    rows = rows.drop(columns=[c for c in BASELINE_COLUMNS if c in rows])
     merged = rows.merge(base, on=keys, how="left")
     merged["vs_baseline"] = merged.median_ms / merged.baseline_ms
-    tolerance = spread_tolerance(merged["spread"], merged["baseline_spread"])
+    merged["noise_floor"] = noise_floor
+    tolerance = spread_tolerance(merged["spread"], merged["baseline_spread"], noise_floor)
     merged["regression"] = (merged.vs_baseline - 1 > tolerance) & merged.baseline_ms.notna()
     return merged
 

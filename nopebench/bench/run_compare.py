@@ -2,10 +2,11 @@
 
 A cell is one timed measurement: bench-decode's (case, impl), bench-cache's (op, variant,
 tokens, impl). Run A is the baseline: ratio = B ms / A ms (> 1: B is slower). A cell is a
-regression when B is slower by more than the larger of the two cells' spreads ((p90 - p10) /
-median), the rule bench-decode's --baseline applies (acceptance.mark_regressions), and faster
-when the same rule marks A a regression against B. Inside the spreads the two runs agree
-within their own noise.
+regression when B is slower by more than its tolerance: the largest of the two cells' spreads
+((p90 - p10) / median) and the run-to-run noise floor (options.DEFAULT_NOISE_FLOOR unless
+given), the rule bench-decode's --baseline applies (acceptance.mark_regressions); faster when
+the same rule marks A a regression against B. Inside the tolerance the two runs agree within
+their noise.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 import pandas as pd
 
 from nopebench.bench import acceptance
+from nopebench.commands.options import DEFAULT_NOISE_FLOOR
 from nopebench.errors import UsageError
 from nopebench.records import RUN_FILE, read_run
 
@@ -121,21 +123,25 @@ def _state(rows: pd.DataFrame) -> pd.Series:
     return state
 
 
-def compare_cells(a: pd.DataFrame, b: pd.DataFrame, keys: tuple[str, ...]) -> pd.DataFrame:
-    """Every cell either run timed: both times and spreads, ratio B / A, and the marks."""
+def compare_cells(
+    a: pd.DataFrame, b: pd.DataFrame, keys: tuple[str, ...], noise_floor: float
+) -> pd.DataFrame:
+    """Every cell either run timed: both times and spreads, ratio B / A, the noise floor and
+    the marks."""
     keys = tuple(keys)
     for name, df in (("A", a), ("B", b)):
         if df.duplicated(list(keys)).any():
             raise UsageError(f"run {name}: more than one row per cell ({', '.join(keys)})")
-    marked = acceptance.mark_regressions(b, a, keys)  # B's rows with A as the baseline
+    marked = acceptance.mark_regressions(b, a, noise_floor, keys)  # A is B's baseline
     cells = marked[[*keys]].copy()
     cells["a_ms"], cells["a_spread"] = marked["baseline_ms"], marked["baseline_spread"]
     b_timed = marked.index.isin(acceptance.timed(marked).index)
     cells["b_ms"] = marked["median_ms"].where(b_timed)
     cells["b_spread"] = marked["spread"].where(b_timed)
     cells["ratio"] = cells.b_ms / cells.a_ms
+    cells["noise_floor"] = noise_floor
     cells["regression"] = marked["regression"].astype(bool) & b_timed
-    tolerance = acceptance.spread_tolerance(cells.a_spread, cells.b_spread)
+    tolerance = acceptance.spread_tolerance(cells.a_spread, cells.b_spread, noise_floor)
     cells["faster"] = (1 / cells.ratio - 1 > tolerance) & cells.ratio.notna()
     # A's cells that B lacks altogether
     gone = a.merge(b[list(keys)], on=list(keys), how="left", indicator=True)
@@ -143,7 +149,11 @@ def compare_cells(a: pd.DataFrame, b: pd.DataFrame, keys: tuple[str, ...]) -> pd
     gone_timed = acceptance.timed(gone)
     if len(gone_timed):
         extra = gone_timed[[*keys]].assign(
-            a_ms=gone_timed.median_ms, a_spread=gone_timed.spread, regression=False, faster=False
+            a_ms=gone_timed.median_ms,
+            a_spread=gone_timed.spread,
+            noise_floor=noise_floor,
+            regression=False,
+            faster=False,
         )
         cells = pd.concat([cells, extra], ignore_index=True)
     state_a = _keyed_state(a, keys)
@@ -174,7 +184,7 @@ def mark(row: Any) -> str:
         return "REGRESSION"
     if row.faster:
         return "faster"
-    return row.note  # blank: within the spreads
+    return row.note  # blank: within the tolerance
 
 
 @dataclass(frozen=True)
@@ -184,6 +194,7 @@ class Comparison:
     a: Run
     b: Run
     cells: pd.DataFrame
+    noise_floor: float
 
     def differences(self) -> list[str]:
         """The run facts (GPU, driver, versions, config) that differ between A and B."""
@@ -206,7 +217,8 @@ class Comparison:
             "compared": len(both),
             "regressions": int(self.cells.regression.sum()),
             "faster": int(self.cells.faster.sum()),
-            "within_spread": int(len(both) - both.regression.sum() - both.faster.sum()),
+            "noise_floor": self.noise_floor,
+            "within_tolerance": int(len(both) - both.regression.sum() - both.faster.sum()),
             "only_one_run": int(len(self.cells) - len(both)),
             "geomean_ratio": float(math.exp(ratios.map(math.log).mean())) if len(ratios) else None,
             "largest_ratio": None if worst is None else float(worst.ratio),
@@ -225,14 +237,15 @@ class Comparison:
         }
 
 
-def compare_runs(a: Run, b: Run) -> Comparison:
+def compare_runs(a: Run, b: Run, noise_floor: float = DEFAULT_NOISE_FLOOR) -> Comparison:
     """The comparison of two runs of one kind; two kinds is one UsageError line."""
     if a.kind != b.kind:
         raise UsageError(
             f"RUN_A is a {a.kind} run and RUN_B a {b.kind} run: compare takes two runs of one kind"
         )
     keys = CELL_KEYS[a.kind]
-    return Comparison(a.kind, keys, a, b, compare_cells(a.results, b.results, keys))
+    cells = compare_cells(a.results, b.results, keys, noise_floor)
+    return Comparison(a.kind, keys, a, b, cells, noise_floor)
 
 
 def spread_pct(value: object) -> str:
@@ -240,6 +253,11 @@ def spread_pct(value: object) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     return f"±{100 * float(value):.1f}%"
+
+
+def noise_floor_pct(value: float) -> str:
+    """A noise floor for text: 6% (or 2.5%)."""
+    return f"{100 * value:.3g}%"
 
 
 def table_rows(comparison: Comparison) -> list[list[object]]:
@@ -269,6 +287,7 @@ def summary_line(comparison: Comparison) -> str:
     geo = "-" if s["geomean_ratio"] is None else f"{s['geomean_ratio']:.3f}"
     return (
         f"{s['compared']} cells timed in both runs: {s['regressions']} regressions and "
-        f"{s['faster']} faster beyond their spreads, {s['within_spread']} within; "
+        f"{s['faster']} faster beyond the larger of their spreads and the "
+        f"{noise_floor_pct(s['noise_floor'])} noise floor, {s['within_tolerance']} within; "
         f"geometric mean B / A {geo}; {s['only_one_run']} timed in one run only"
     )

@@ -125,7 +125,7 @@ def execute(opts: BenchDecodeOptions) -> int:
     rows = [{**r, **where, "repro": repro_command(opts, r)} for r in rows]
     df = pd.DataFrame(rows)
     if base is not None:
-        df = acceptance.mark_regressions(df, base)
+        df = acceptance.mark_regressions(df, base, opts.noise_floor)
     crit = acceptance.criteria(df, cfg.criteria)
     answer = acceptance.nope_answer(df)
     write_csv(run.file("results.csv"), df.to_dict("records"))
@@ -146,6 +146,8 @@ def execute(opts: BenchDecodeOptions) -> int:
         "criteria": [c.as_row() for c in crit],
         "all_checks_passed": bool(crit[-1].passed),
         "regressions": int(df["regression"].sum()) if "regression" in df else None,
+        "baseline": None if base is None else str(opts.baseline),
+        "noise_floor": None if base is None else opts.noise_floor,
         "sm_clock": clocks.summary(),
     }
     write_json(run.file("results.json"), {"summary": summary, "rows": df.to_dict("records")})
@@ -265,7 +267,8 @@ def print_tables(
         reg = df[df.regression]
         out.console.print(
             out.table(
-                "regressions vs baseline",
+                "regressions vs baseline (slower beyond the larger spread and the "
+                f"{100 * reg.noise_floor.iloc[0]:.3g}% noise floor)",
                 ["case", "impl", "ms", "baseline ms", "ratio"],
                 [
                     [r.case, r.impl, _ms(r.median_ms), _ms(r.baseline_ms), f"{r.vs_baseline:.3f}"]

@@ -11,6 +11,7 @@ from nopebench import console as out
 from nopebench.bench.run_compare import (
     compare_runs,
     load_run,
+    noise_floor_pct,
     summary_line,
     table_columns,
     table_rows,
@@ -53,7 +54,9 @@ def _styled(cell: object) -> object:
 
 def execute(opts: CompareOptions) -> int:
     _check_output(opts.output)
-    comparison = compare_runs(load_run(opts.run_a, "RUN_A"), load_run(opts.run_b, "RUN_B"))
+    comparison = compare_runs(
+        load_run(opts.run_a, "RUN_A"), load_run(opts.run_b, "RUN_B"), opts.noise_floor
+    )
     # with --json, stdout carries only the data
     con = out.err_console if opts.json_out else out.console
     a, b = comparison.a.describe(), comparison.b.describe()
@@ -76,8 +79,8 @@ def execute(opts: CompareOptions) -> int:
     )
     con.print(
         out.table(
-            "per cell: median ms and spread ((p90 - p10) / median); "
-            "marked beyond the larger spread",
+            "per cell: median ms and spread ((p90 - p10) / median); marked beyond the "
+            f"larger spread and the {noise_floor_pct(comparison.noise_floor)} noise floor",
             table_columns(comparison),
             [[_styled(cell) for cell in row] for row in table_rows(comparison)],
         )

@@ -17,6 +17,25 @@ DEFAULT_BENCH_CONFIG = "h200-nope"
 DEFAULT_CACHE_TOKENS = (1024, 4096, 16384, 65536, 262144)
 QUICK_CACHE_TOKENS = (4096, 65536)
 MAX_CACHE_TOKENS = 1 << 22
+# How far a cell's median may move between two runs before `compare` and bench-decode's
+# --baseline mark it: the tolerance is the largest of the two cells' spreads and this floor.
+# Measured on the two full H200 bench-decode grids committed under
+# results/reference/h200-bench-decode-full with no kernel or timing change between them (runs
+# ...094054.640900Z-fe99ec and ...102442.983433Z-a34e82): over the 319 cells both timed, B / A
+# lay in 0.957-1.058, the largest |B / A - 1| 0.0575 (flashinfer-fa3-bf16, 64 heads x 1 token,
+# shim), while the cells' within-run spreads were ~1%; rounded up to the next percent. The two
+# earlier same-kernel grids there (...025356 and ...030621) stay inside it (0.947-1.037).
+DEFAULT_NOISE_FLOOR = 0.06
+
+
+def check_noise_floor(value: float) -> float:
+    """A noise floor as given: a fraction in [0, 1) (NaN refused), else one UsageError line."""
+    if not 0 <= value < 1:
+        raise UsageError(
+            f"--noise-floor {value!r}: expected a fraction in [0, 1), e.g. "
+            f"{DEFAULT_NOISE_FLOOR} for {100 * DEFAULT_NOISE_FLOOR:.0f}%"
+        )
+    return value
 
 
 @dataclass(frozen=True)
@@ -58,12 +77,16 @@ class BenchDecodeOptions:
     impls: tuple[str, ...] = ()  # empty: the config's
     quick: bool = False
     baseline: Path | None = None
+    noise_floor: float = DEFAULT_NOISE_FLOOR  # the --baseline rule's (see DEFAULT_NOISE_FLOOR)
     output: Output = Output()
     # Case filters over the config's grid; each empty tuple keeps every value.
     heads: tuple[int, ...] = ()
     tokens: tuple[int, ...] = ()
     widths: tuple[int, ...] = ()
     modes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        check_noise_floor(self.noise_floor)
 
 
 @dataclass(frozen=True)
@@ -125,3 +148,7 @@ class CompareOptions:
     run_b: Path  # the run compared with it
     output: Path | None = None  # a new .csv (the cells) or .json (everything) file; never replaced
     json_out: bool = False
+    noise_floor: float = DEFAULT_NOISE_FLOOR
+
+    def __post_init__(self) -> None:
+        check_noise_floor(self.noise_floor)
