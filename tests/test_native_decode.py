@@ -400,7 +400,8 @@ def test_hopper_kernel_compiles_for_sm90_within_its_budget(shape):
     assert build.registers is None or build.registers <= 255
 
 
-def test_hopper_build_flags_spills_missing_wgmma_and_shared_memory_overruns():
+def test_hopper_build_flags_spills_missing_wgmma_and_shared_memory_overruns(monkeypatch):
+    monkeypatch.setattr(hopper_build, "triton_version", lambda: "3.9.0")
     ok = hopper_build.KernelBuild(16, 128, 1, False, 1.0, True, 220160, 220672, 173, 0)
     assert ok.problems == []
     assert hopper_build.KernelBuild(
@@ -431,6 +432,24 @@ def test_hopper_build_flags_spills_missing_wgmma_and_shared_memory_overruns():
         16, 64, 4, False, 1.0, True, 219137, 219136, 168, 0, **ws
     ).problems
     assert over == ["219137 B shared > planned 219136"]
+
+
+def test_single_role_shared_memory_model_is_exact_for_triton_36_and_covers_39(monkeypatch):
+    """The 64-head single-role shape compiles to 208384 shared bytes with Triton 3.6 and 3.7,
+    207872 with 3.8 and 3.9; its model, 208384, must pass both and fail one byte more."""
+    planned = hopper_smem_bytes(64, 2, False)
+    assert planned == 208384
+
+    def problems(version, shared):
+        monkeypatch.setattr(hopper_build, "triton_version", lambda: version)
+        build = hopper_build.KernelBuild(64, 64, 2, False, 1.0, True, shared, planned, 255, 0)
+        return build.problems
+
+    assert problems("3.6.0", 208384) == [] and problems("3.7.1", 208384) == []
+    assert problems("3.9.0", 207872) == [] and problems("3.8.0", 207872) == []
+    assert problems("3.6.0", 208385) == ["208385 B shared > planned 208384"]
+    assert problems("3.9.0", 207873) == ["207873 B shared > planned 207872"]
+    assert problems("3.10.0", 207873)
 
 
 INTERPRETER_SCRIPT = textwrap.dedent("""
