@@ -218,9 +218,8 @@ def _split_one_per_sm(
     """Head blocks, splits and entries per split for kernels that run one program per SM: the
     top-k range is split only when there are fewer (token, head block) programs than `fill`
     (default: the SMs), then into as many splits as keep the programs within one wave of the
-    SMs. A second wave of a few programs costs as much as the first: on the H200, 8 tokens x 64
-    heads in 17 splits (136 programs) took 0.028 ms, in 12 (96 programs) 0.022
-    (results/reference/decode-tuning/few-tokens/). (The single-role kernel is faster unsplit from
+    SMs: a second wave of a few programs costs as much as the first (the H200 sweep in
+    results/reference/decode-tuning/few-tokens/). (The single-role kernel is faster unsplit from
     half the SMs on.)"""
     head_blocks = -(-heads // block_h)
     rows = tokens * head_blocks
