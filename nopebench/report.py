@@ -441,7 +441,7 @@ def section_gsm8k(run: Path, assets: Path) -> str:
 
 def section_comparison(a: Path, b: Path) -> str:
     """Two bench-decode runs side by side per cell (`nopebench compare`'s table)."""
-    from nopebench.bench import run_compare
+    from nopebench.bench import acceptance, run_compare
 
     try:
         comparison = run_compare.compare_runs(
@@ -456,7 +456,7 @@ def section_comparison(a: Path, b: Path) -> str:
         f"{comparison.b.describe()['git_sha']}). Per cell both medians and spreads ((p90 - p10) "
         "/ median) and B / A (> 1: B is slower); REGRESSION: B slower by more than the larger "
         "of the two spreads and the run-to-run noise floor of "
-        f"{run_compare.noise_floor_pct(comparison.noise_floor)}, faster: A slower by more than "
+        f"{acceptance.noise_floor_pct(comparison.noise_floor)}, faster: A slower by more than "
         "that.\n\n"
         f"{run_compare.summary_line(comparison)}.\n{differ}{chr(10) if differ else ''}\n"
         + md_table(run_compare.table_columns(comparison), run_compare.table_rows(comparison))

@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from nopebench.bench import acceptance
 from nopebench.bench import run_compare as rc
 from nopebench.commands import compare as compare_command
 from nopebench.commands.options import DEFAULT_NOISE_FLOOR, CompareOptions
@@ -126,7 +127,7 @@ def test_the_default_noise_floor_unmarks_what_only_the_spreads_would_mark(two_ru
     s = comparison.summary()
     assert (s["compared"], s["regressions"], s["faster"], s["within_tolerance"]) == (5, 2, 1, 2)
     assert s["noise_floor"] == DEFAULT_NOISE_FLOOR
-    assert f"the {rc.noise_floor_pct(DEFAULT_NOISE_FLOOR)} noise floor" in rc.summary_line(
+    assert f"the {acceptance.noise_floor_pct(DEFAULT_NOISE_FLOOR)} noise floor" in rc.summary_line(
         comparison
     )
 

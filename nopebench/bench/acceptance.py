@@ -197,6 +197,11 @@ def spread_tolerance(
     return pd.concat([spread, baseline_spread], axis=1).max(axis=1).clip(lower=noise_floor)
 
 
+def noise_floor_pct(value: float) -> str:
+    """A noise floor for text: 6% (or 2.5%)."""
+    return f"{100 * value:.3g}%"
+
+
 BASELINE_COLUMNS = ("baseline_ms", "baseline_spread", "vs_baseline", "noise_floor", "regression")
 
 

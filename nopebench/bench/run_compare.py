@@ -255,11 +255,6 @@ def spread_pct(value: object) -> str:
     return f"±{100 * float(value):.1f}%"
 
 
-def noise_floor_pct(value: float) -> str:
-    """A noise floor for text: 6% (or 2.5%)."""
-    return f"{100 * value:.3g}%"
-
-
 def table_rows(comparison: Comparison) -> list[list[object]]:
     """The rows of the side-by-side table, for the terminal and the report alike."""
     rows = []
@@ -285,9 +280,10 @@ def table_columns(comparison: Comparison) -> list[str]:
 def summary_line(comparison: Comparison) -> str:
     s = comparison.summary()
     geo = "-" if s["geomean_ratio"] is None else f"{s['geomean_ratio']:.3f}"
+    floor = acceptance.noise_floor_pct(s["noise_floor"])
     return (
         f"{s['compared']} cells timed in both runs: {s['regressions']} regressions and "
         f"{s['faster']} faster beyond the larger of their spreads and the "
-        f"{noise_floor_pct(s['noise_floor'])} noise floor, {s['within_tolerance']} within; "
+        f"{floor} noise floor, {s['within_tolerance']} within; "
         f"geometric mean B / A {geo}; {s['only_one_run']} timed in one run only"
     )

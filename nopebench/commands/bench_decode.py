@@ -268,7 +268,7 @@ def print_tables(
         out.console.print(
             out.table(
                 "regressions vs baseline (slower beyond the larger spread and the "
-                f"{100 * reg.noise_floor.iloc[0]:.3g}% noise floor)",
+                f"{acceptance.noise_floor_pct(reg.noise_floor.iloc[0])} noise floor)",
                 ["case", "impl", "ms", "baseline ms", "ratio"],
                 [
                     [r.case, r.impl, _ms(r.median_ms), _ms(r.baseline_ms), f"{r.vs_baseline:.3f}"]

@@ -8,10 +8,10 @@ from pathlib import Path
 from rich.markup import escape
 
 from nopebench import console as out
+from nopebench.bench.acceptance import noise_floor_pct
 from nopebench.bench.run_compare import (
     compare_runs,
     load_run,
-    noise_floor_pct,
     summary_line,
     table_columns,
     table_rows,
