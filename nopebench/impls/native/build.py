@@ -48,8 +48,8 @@ WS_PLAN_CASES = tuple(
     for heads, split in ((16, None), (32, None), (16, False))
 )
 # The 64-head kernel: (heads, query tokens, RoPE lanes) of plans without splits, at one and two
-# head blocks, and one with splits, for both row kinds. (Before its split count was a
-# constexpr, Triton 3.9 spilled 8 bytes at two head blocks.)
+# head blocks, and one with splits, for both row kinds. (With the split count a runtime value
+# rather than a constexpr, Triton 3.9 spills 8 bytes at two head blocks.)
 WIDE_PLAN_CASES = tuple(
     (heads, tokens, rope)
     for rope in (False, True)
