@@ -401,7 +401,7 @@ def test_hopper_kernel_compiles_for_sm90_within_its_budget(shape):
 
 
 def test_hopper_build_flags_spills_missing_wgmma_and_shared_memory_overruns(monkeypatch):
-    monkeypatch.setattr(hopper_build, "triton_version", lambda: "3.9.0")
+    monkeypatch.setattr(hopper_build.environment, "package_version", lambda name: "3.9.0")
     ok = hopper_build.KernelBuild(16, 128, 1, False, 1.0, True, 220160, 220672, 173, 0)
     assert ok.problems == []
     assert hopper_build.KernelBuild(
@@ -441,7 +441,7 @@ def test_single_role_shared_memory_model_is_exact_for_triton_36_and_covers_39(mo
     assert planned == 208384
 
     def problems(version, shared):
-        monkeypatch.setattr(hopper_build, "triton_version", lambda: version)
+        monkeypatch.setattr(hopper_build.environment, "package_version", lambda name: version)
         build = hopper_build.KernelBuild(64, 64, 2, False, 1.0, True, shared, planned, 255, 0)
         return build.problems
 

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from nopebench import environment
 from nopebench import geometry as g
 from nopebench.geometry import ROPE_DIM
 from nopebench.impls.native.constants import HOPPER_SMEM
@@ -60,14 +61,11 @@ WIDE_PLAN_CASES = tuple(
 TRITON_36_EXTRA_SHARED = 512
 
 
-def triton_version() -> str:
-    import triton
-
-    return triton.__version__
-
-
-def older_triton_extra(version: str) -> int:
-    """Shared bytes a Triton before 3.8 would take beyond what `version` reports."""
+def older_triton_extra(version: str | None) -> int:
+    """Shared bytes a Triton before 3.8 would take beyond what `version` reports (an unknown
+    version counts as a recent one: the stricter check)."""
+    if version is None:
+        return TRITON_36_EXTRA_SHARED
     major, minor = (int(part) for part in re.findall(r"\d+", version)[:2])
     return TRITON_36_EXTRA_SHARED if (major, minor) >= (3, 8) else 0
 
@@ -115,7 +113,8 @@ class KernelBuild:
             found.append(f"{self.stack_bytes} B spilled")
         # The single-role kernel's model is exact for Triton 3.6 and 3.7; the warp-specialised
         # models' margins cover every version.
-        extra = older_triton_extra(triton_version()) if self.kernel == "hopper" else 0
+        triton = environment.package_version("triton")
+        extra = older_triton_extra(triton) if self.kernel == "hopper" else 0
         if self.shared_bytes + extra > self.planned_bytes:
             found.append(f"{self.shared_bytes} B shared > planned {self.planned_bytes - extra}")
         if self.planned_bytes > HOPPER_SMEM:
