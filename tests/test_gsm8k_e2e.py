@@ -7,6 +7,10 @@ What is real: the server, its engine processes (EngineCore, Worker), tokenizatio
 generation, /metrics, start-up and shutdown. What is not checked: the score; random weights
 score about 0, so that config's threshold is 0.
 
+The kill-and-resume test puts a gate (tests/e2e_gate.py) between the harness and the server,
+inside the launched command: it lets a fixed number of questions through and holds the rest, so
+the kill lands part-way however fast the machine answers.
+
 Every count of questions asked comes from the server itself: vLLM's
 `vllm:request_success_total`, read from /metrics (by the harness into run.json around a
 completed run, and by this test directly from a server whose harness was killed).
@@ -41,6 +45,7 @@ pytestmark = pytest.mark.e2e
 VENV = Path(os.environ.get("NOPEBENCH_VLLM_VENV", REPO_ROOT / ".venv-vllm")).resolve()
 CONFIG = CONFIG_ROOT / "gsm8k" / "tiny-llama-cpu.yaml"
 BUILDER = Path(__file__).resolve().parent / "vllm_tiny_model.py"
+GATE = Path(__file__).resolve().parent / "e2e_gate.py"
 RUN_TIMEOUT_S = 900  # one run: server start-up (1-3 min here) and 8 short questions
 STOP_TIMEOUT_S = 90
 COUNTER = re.compile(r"^vllm:request_success_total\{([^}]*)\}\s+(\S+)$", re.M)
@@ -106,12 +111,30 @@ def _localize(value):
     return value
 
 
-def write_e2e_config(path: Path, port: int, **fields) -> Path:
-    """The shipped tiny-llama-cpu config as it runs here: a free port and absolute paths."""
+def write_e2e_config(path: Path, port: int, gate_answers: int | None = None, **fields) -> Path:
+    """The shipped tiny-llama-cpu config as it runs here: a free port and absolute paths.
+
+    With `gate_answers` the launched command is the server behind `tests/e2e_gate.py`: the
+    gate listens on `port`, the server on another free port, and only the first
+    `gate_answers` generation requests reach the server."""
     cfg = yaml.safe_load(CONFIG.read_text())
     launch = cfg["server"]["launch"]
     launch["command"] = [_localize(part) for part in launch["command"]]
-    launch["command"][launch["command"].index("--port") + 1] = str(port)
+    server_port = port if gate_answers is None else free_port()
+    launch["command"][launch["command"].index("--port") + 1] = str(server_port)
+    if gate_answers is not None:
+        launch["command"] = [
+            sys.executable,
+            str(GATE),
+            "--port",
+            str(port),
+            "--upstream-port",
+            str(server_port),
+            "--answer",
+            str(gate_answers),
+            "--",
+            *launch["command"],
+        ]
     launch["env"] = {k: _localize(v) for k, v in launch["env"].items()}
     cfg["server"]["base_url"] = f"http://127.0.0.1:{port}"
     cfg.update(fields)
@@ -321,28 +344,29 @@ def test_real_server_answers_each_question_once_and_its_tree_is_stopped(tmp_path
 def test_killed_run_resumes_against_a_fresh_server_asking_only_the_rest(tmp_path, tiny_model):
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
-    cfg = write_e2e_config(tmp_path / "tiny.yaml", port)
-    shipped = yaml.safe_load(cfg.read_text())
-    limit, concurrency = shipped["limit"], shipped["num_concurrent"]
+    gated = 3  # answers the gate lets through before it holds every later question
+    cfg = write_e2e_config(tmp_path / "gated.yaml", port, gate_answers=gated)
+    limit = yaml.safe_load(cfg.read_text())["limit"]
     results = tmp_path / "results"
 
-    # 1. Kill the harness with SIGKILL once a few answers are committed.
+    # 1. Kill the harness with SIGKILL once the gate's answers are committed (the rest of the
+    #    questions wait at the gate, so the kill lands part-way on any machine).
     first = Harness(cfg, results)
 
-    def some_answers() -> bool:
+    def gated_answers_kept() -> bool:
         run = first.run_dir()
-        return run is not None and cache_rows(run / "requests_rank0.db") >= 2
+        return run is not None and cache_rows(run / "requests_rank0.db") >= gated
 
-    first.wait(until=some_answers)
+    first.wait(until=gated_answers_kept)
     assert first.proc.poll() is None, "the run finished before it could be killed part-way"
     first.proc.send_signal(signal.SIGKILL)
     first.proc.wait(timeout=30)
     killed = first.run_dir()
     kept = cache_rows(killed / "requests_rank0.db")
-    assert 2 <= kept < limit
+    assert kept == gated < limit
     assert first.pgid is not None and group_members(first.pgid), "the server should outlive SIGKILL"
 
-    # 2. The orphaned server's own count: what it finished, in-flight ones included.
+    # 2. The orphaned server's own count: each answer the gate let through, none other.
     wait_for(
         lambda: running_requests(base_url) == 0,
         60,
@@ -355,7 +379,7 @@ def test_killed_run_resumes_against_a_fresh_server_asking_only_the_rest(tmp_path
         f"killed with {kept} of {limit} answers kept; the server counted {answered_a} answered "
         f"(by reason: {counts_a})"
     )
-    assert kept <= answered_a <= kept + concurrency
+    assert answered_a == kept
 
     # 3. The real CPU server's log names no attention backend: a config that requires one fails
     #    before asking anything (attach mode, the same server, --base-url with /v1).
@@ -372,10 +396,11 @@ def test_killed_run_resumes_against_a_fresh_server_asking_only_the_rest(tmp_path
     assert server_counts(base_url) == counts_a  # no question was sent
     assert read_json(check.run_dir() / "run.json")["status"] == "failed"
 
-    # 4. Stop the orphan; then resume against a fresh server.
+    # 4. Stop the orphan; then resume against a fresh server, no gate in front.
     stop_group(first.pgid)
     assert_tree_gone(first.seen, first.pgid)
-    second = Harness(cfg, results, "--resume", str(killed))
+    fresh = write_e2e_config(tmp_path / "tiny.yaml", free_port())
+    second = Harness(fresh, results, "--resume", str(killed))
     code, out, err = second.finish()
     print(out)
     assert code == EXIT_OK, err[-3000:]
@@ -384,9 +409,8 @@ def test_killed_run_resumes_against_a_fresh_server_asking_only_the_rest(tmp_path
     say(
         f"resumed: {summary['from_cache']} from cache, {summary['asked']} asked; the fresh server "
         f"counted {counted_b['answered']} answered; both servers: "
-        f"{answered_a + counted_b['answered']} for {limit} questions "
-        f"({answered_a - kept} answered at the kill but not kept)"
+        f"{answered_a + counted_b['answered']} for {limit} questions"
     )
     assert (summary["n"], summary["from_cache"], summary["asked"]) == (limit, kept, limit - kept)
-    assert counted_b["answered"] == limit - kept  # with step 2: each once, but those in flight
+    assert counted_b["answered"] == limit - kept  # with step 2: each question answered once
     assert_tree_gone(second.seen, second.pgid)
