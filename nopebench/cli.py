@@ -95,8 +95,8 @@ def _root(
 ) -> None:
     """Validate and benchmark NoPE sparse MLA (GLM-5.3-Flash) on FlashInfer's sparse MLA backends.
 
-    Exit codes: 0 ok, 1 a check failed, 2 bad input, 3 this machine cannot run that, 4 the
-    server or machine failed, 130 interrupted.
+    Exit codes: 0 ok, 1 a check failed, 2 bad input, 3 this machine cannot run that,
+    4 the server or machine failed, 130 interrupted.
     """
 
 
