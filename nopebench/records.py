@@ -61,10 +61,11 @@ def write_json(path: Path, data: Any) -> Path:
     return path
 
 
-def write_csv(path: Path, rows: list[dict[str, Any]]) -> Path:
-    """Long-format CSV at full precision (repr of floats round-trips)."""
+def write_csv(path: Path, rows: list[dict[str, Any]], columns: list[str] | None = None) -> Path:
+    """Long-format CSV at full precision (repr of floats round-trips); `columns`, when given,
+    fixes them, so a file with no rows still has its header."""
     tmp = path.with_name(path.name + ".tmp")
-    pd.DataFrame(rows).to_csv(tmp, index=False, float_format="%.17g")
+    pd.DataFrame(rows, columns=columns).to_csv(tmp, index=False, float_format="%.17g")
     os.replace(tmp, path)
     return path
 

@@ -319,20 +319,29 @@ def section_bench_decode(run: Path, assets: Path) -> str:
         [
             [
                 c.name,
-                c.cell or "every case",
+                c.where(),
                 c.measured,
                 acceptance.spread_band(c),
                 c.target,
                 "not measured"
                 if c.passed is None
-                else md_cell(c.passed) + (" (within spread)" if c.within_spread else ""),
+                else md_cell(c.passed)
+                + (" (within spread)" if c.within_spread else "")
+                + (f" ({c.cells_note()})" if c.cells_note() else ""),
             ]
             for c in crit
         ],
     )
     text += note + (
-        "\n\nSpread: the sum of the two cells' (p90 - p10) / median. *Within spread*: the ratio is "
-        "nearer its target than that, so another run could give the other verdict.\n"
+        "\n\nSpread: a ratio's is the sum of its two cells' (p90 - p10) / median, a share of the "
+        "roofline's its cell's. *Within spread*: the value is nearer its target than that, so "
+        "another run could give the other verdict. A criterion over several cells holds where it "
+        "holds at each; its measured value is its worst cell's.\n"
+    )
+    text += "".join(
+        f"\n- {c.name}: fails at " + ", ".join(f"{r.cell} ({r.measured:.3g})" for r in c.failing)
+        for c in crit
+        if c.scope is not None and c.failing
     )
     skipped = df[df.skipped.notna()].drop_duplicates("impl") if "skipped" in df else df.iloc[0:0]
     text += "".join(f"\n- `{r.impl}` not run: {r.skipped}" for r in skipped.itertuples())

@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from nopebench import environment
+from nopebench.bench import acceptance
 from nopebench.bench.decode_runner import describe
 from nopebench.bench.timing import Ceilings
 from nopebench.cli import app
@@ -108,7 +109,13 @@ def test_the_answer_and_the_criteria_are_written(fake_gpu_run, tmp_path):
     assert {"vs_best_shim", "vs_best_deployable", "vs_own_shim"} <= set(answer.columns)
     assert set(answer.impl) >= {"native", "flashmla", "flashinfer-fa3-fp8"}
     criteria = pd.read_csv(run / "criteria.csv")
-    assert len(criteria) == 9 and criteria.criterion.iloc[-1].startswith("every case that ran")
+    assert len(criteria) == 13 and criteria.criterion.iloc[-1].startswith("every case that ran")
+    # every cell each criterion was measured at, the grid-wide ones' several
+    cells = pd.read_csv(run / "criteria_cells.csv")
+    assert list(cells.columns) == acceptance.CELL_ROW_COLUMNS
+    measured = criteria[criteria.measured.notna() & criteria.cells.notna()]
+    counts = cells.groupby("criterion", sort=False).size()
+    assert all(counts[r.criterion] == r.cells for r in measured.itertuples())
     assert "NoPE against the shim" in result.output
     assert "acceptance criteria (the bench config's)" in result.output
 

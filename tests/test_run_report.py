@@ -156,6 +156,16 @@ def test_report_renders_decode_tables_criteria_and_plots(tmp_path):
         "| H=16: native NoPE vs fa3 fp8 (fa3 fp8 / native) | H=16 T=512 W=2176 (2051 active)"
         " | - | - | >= 5.00 | not measured |" in text
     )
+    # a criterion over a selection names it and its worst cell, and lists the cells it fails at
+    assert (
+        "| native NoPE at 60% of the roofline at 512 tokens, every head count | every cell at "
+        "T=512 (worst: H=16 T=512 W=2176 (2051 active)) | 30 | ±1.0% | >= 60% of roofline | "
+        "**FAIL** |" in text
+    )
+    assert (
+        "- native NoPE at 60% of the roofline at 512 tokens, every head count: fails at H=16 "
+        "T=512 W=2176 (2051 active) (30)" in text
+    )
     assert (tmp_path / "rep" / "decode_latency.png").is_file()
 
 

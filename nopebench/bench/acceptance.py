@@ -9,23 +9,36 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from nopebench.bench.decode_cases import CriterionSpec
+from nopebench.bench.decode_cases import CriterionSpec, Side, cell_label
 
 NOPE_MODES = ("nope", "nope-pool")
 CELL_KEYS = ["heads", "query_tokens", "width", "active"]
+CELL_ROW_COLUMNS = ["criterion", "cell", "measured", "target", "passed", "spread"]
+
+
+@dataclass(frozen=True)
+class CellResult:
+    """A criterion at one cell of its selection."""
+
+    cell: str
+    measured: float
+    passed: bool
+    spread: float | None  # the noise band, as Criterion.spread
 
 
 @dataclass(frozen=True)
 class Criterion:
     name: str
-    measured: float | None
+    measured: float | None  # over a selection: its worst cell's value
     target: str
     passed: bool | None  # None: not measurable in this run (an implementation missing)
-    bound: float | None = None  # a ratio criterion's threshold
-    spread: float | None = (
-        None  # the ratio's noise band: the sum of its two cells' (p90 - p10) / median
-    )
-    cell: str | None = None  # the grid point a ratio criterion reads
+    bound: float | None = None  # a speed criterion's threshold
+    # The noise band: a ratio's is the sum of its two cells' (p90 - p10) / median, a share of
+    # the roofline's its cell's.
+    spread: float | None = None
+    cell: str | None = None  # the grid point it reads (over a selection: the worst)
+    per_cell: tuple[CellResult, ...] = ()  # every cell it was measured at, in grid order
+    scope: str | None = None  # the cells it is held at, as its config names them
 
     @property
     def within_spread(self) -> bool:
@@ -34,6 +47,22 @@ class Criterion:
         if self.measured is None or self.bound is None or self.spread is None:
             return False
         return abs(self.measured / self.bound - 1) <= self.spread
+
+    @property
+    def failing(self) -> list[CellResult]:
+        return [r for r in self.per_cell if not r.passed]
+
+    def where(self) -> str:
+        """The cell column of tables: the cell, or the selection and its worst cell."""
+        if self.scope is None:
+            return self.cell or "every case"
+        return f"{self.scope} (worst: {self.cell})" if self.per_cell else self.scope
+
+    def cells_note(self) -> str:
+        """How a selection fared, for tables: '3 of 40 cells fail'; empty for one cell."""
+        if len(self.per_cell) <= 1:
+            return ""
+        return f"{len(self.failing)} of {len(self.per_cell)} cells fail"
 
     def as_row(self) -> dict:
         return {
@@ -44,7 +73,22 @@ class Criterion:
             "passed": self.passed,
             "spread": self.spread,
             "within_spread": self.within_spread,
+            "cells": len(self.per_cell) if self.scope is not None else None,
+            "failing_cells": len(self.failing) if self.scope is not None else None,
         }
+
+    def cell_rows(self) -> list[dict]:
+        """One record per cell it was measured at (bench-decode's criteria_cells.csv)."""
+        return [
+            dict(
+                zip(
+                    CELL_ROW_COLUMNS,
+                    (self.name, r.cell, r.measured, self.target, r.passed, r.spread),
+                    strict=True,
+                )
+            )
+            for r in self.per_cell
+        ]
 
 
 def spread_band(c: Criterion) -> str:
@@ -59,42 +103,64 @@ def timed(rows: pd.DataFrame) -> pd.DataFrame:
     return rows[rows["median_ms"].notna() & rows["error"].isna()]
 
 
-def _cell(
-    df: pd.DataFrame, impl: str, mode: str, spec: CriterionSpec
-) -> tuple[float, float] | None:
-    """Median ms and spread of one timed cell, or None."""
-    cell = spec.cell
-    sel = df[
-        (df.impl == impl)
-        & (df["mode"] == mode)
-        & (df.heads == cell.heads)
-        & (df.query_tokens == cell.tokens)
-        & (df.width == cell.width)
-        & (df.active == cell.active)
-    ]
-    if not len(sel):
-        return None
-    spread = sel.spread.iloc[0] if "spread" in sel else float("nan")
-    return float(sel.median_ms.iloc[0]), float(spread)
+def _side(df: pd.DataFrame, side: Side) -> pd.DataFrame:
+    """Per cell (the CELL_KEYS columns), the median ms, spread and % of roofline of the side's
+    implementation in its mode; with `fastest_of`, of the fastest of them there."""
+    rows = df[df.impl.isin(side.impls()) & (df["mode"] == side.mode)]
+    best = rows.loc[rows.groupby(CELL_KEYS, sort=False).median_ms.idxmin()] if len(rows) else rows
+    out = best[CELL_KEYS].copy()
+    out["ms"] = best.median_ms.astype(float)
+    for column, source in (("spread", "spread"), ("roof", "pct_roofline")):
+        out[column] = best[source].astype(float) if source in best else float("nan")
+    return out
+
+
+def _noise(value: float) -> float | None:
+    return None if pd.isna(value) else float(value)
 
 
 def evaluate(df: pd.DataFrame, spec: CriterionSpec) -> Criterion:
-    """baseline time / subject time >= min_speedup, with the two cells' spreads added as the
-    ratio's noise band; not measurable (passed None) when either cell was not timed."""
-    target = f">= {spec.min_speedup:.2f}"
-    subject = _cell(df, spec.subject.impl, spec.subject.mode, spec)
-    baseline = _cell(df, spec.baseline.impl, spec.baseline.mode, spec)
-    if subject is None or baseline is None:
-        return Criterion(spec.name, None, target, None, spec.min_speedup, cell=spec.cell.label())
-    ratio, spread = baseline[0] / subject[0], baseline[1] + subject[1]
+    """The criterion at each timed cell of its selection where both sides were timed: baseline
+    time / subject time >= min_speedup (the two cells' spreads added as the ratio's noise band),
+    or the subject's % of roofline >= min_pct_roofline (its spread as the band). It holds when
+    it holds at every such cell; measured, cell and spread are its worst cell's. Not measurable
+    (passed None) when no cell had both sides timed."""
+    sel = df
+    for column, value in spec.selection().items():
+        sel = sel[sel[column] == value]
+    subject = _side(sel, spec.subject)
+    if spec.min_pct_roofline is not None:
+        bound = spec.min_pct_roofline
+        target = f">= {bound:g}% of roofline"
+        joined = subject.dropna(subset=["roof"])
+        measured, spread = joined.roof, joined.spread
+    else:
+        bound = spec.min_speedup
+        target = f">= {bound:.2f}"
+        baseline = _side(sel, spec.baseline)
+        joined = subject.merge(baseline, on=CELL_KEYS, suffixes=("", "_base"), sort=False)
+        measured = joined.ms_base / joined.ms
+        spread = joined.spread_base + joined.spread
+    per_cell = tuple(
+        CellResult(cell_label(*key), float(m), bool(m >= bound), _noise(band))
+        for key, m, band in zip(
+            joined[CELL_KEYS].itertuples(index=False, name=None), measured, spread, strict=True
+        )
+    )
+    scope = spec.cells.label() if spec.cells is not None else None
+    if not per_cell:
+        return Criterion(spec.name, None, target, None, bound, cell=spec.scope(), scope=scope)
+    worst = min(per_cell, key=lambda r: r.measured)
     return Criterion(
         spec.name,
-        ratio,
+        worst.measured,
         target,
-        ratio >= spec.min_speedup,
-        spec.min_speedup,
-        None if pd.isna(spread) else spread,
-        cell=spec.cell.label(),
+        all(r.passed for r in per_cell),
+        bound,
+        worst.spread,
+        cell=worst.cell,
+        per_cell=per_cell,
+        scope=scope,
     )
 
 

@@ -8,8 +8,9 @@ seed derives from its id. Modes name what a decode reads:
   zero-padded RoPE workaround NoPE replaces).
 
 A cell is named by (heads, query tokens, width, mode), which is what the command line filters
-by; so a config lists each width once. Acceptance criteria are data too: each compares two
-(implementation, mode) sides at one cell of the grid.
+by; so a config lists each width once. Acceptance criteria are data too: each compares an
+(implementation, mode) with another (or with the fastest of several) at one cell of the grid or
+at every cell of a selection, or holds it to a share of the roofline there.
 """
 
 from __future__ import annotations
@@ -73,10 +74,26 @@ class QuickSpec(StrictModel):
 
 
 class Side(StrictModel):
-    """One side of a criterion: an implementation run in a mode."""
+    """One side of a criterion: an implementation run in a mode, or (a baseline only) the
+    fastest in each cell of the implementations `fastest_of` names."""
 
-    impl: str = Field(min_length=1)
+    impl: str | None = Field(default=None, min_length=1)
+    fastest_of: list[str] | None = Field(default=None, min_length=1)
     mode: Mode
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Side:
+        if (self.impl is None) == (self.fastest_of is None):
+            raise ValueError("give exactly one of impl or fastest_of")
+        return self
+
+    def impls(self) -> list[str]:
+        return [self.impl] if self.impl is not None else list(self.fastest_of)
+
+
+def cell_label(heads: int, tokens: int, width: int, active: int) -> str:
+    """How tables and records name one point of the grid."""
+    return f"H={heads} T={tokens} W={width} ({active} active)"
 
 
 class Cell(StrictModel):
@@ -88,18 +105,64 @@ class Cell(StrictModel):
     active: int = Field(ge=0)
 
     def label(self) -> str:
-        return f"H={self.heads} T={self.tokens} W={self.width} ({self.active} active)"
+        return cell_label(self.heads, self.tokens, self.width, self.active)
+
+
+class Cells(StrictModel):
+    """Points of the grid: each field given narrows the selection, so {} is every cell and
+    {tokens: 512} every cell at 512 query tokens."""
+
+    heads: int | None = Field(default=None, gt=0, le=128)
+    tokens: int | None = Field(default=None, gt=0)
+    width: int | None = Field(default=None, gt=0)
+    active: int | None = Field(default=None, ge=0)
+
+    def conditions(self) -> str:
+        """The values given, as in a cell's label ("H=128 T=512"); empty for every cell."""
+        given = (("H", self.heads), ("T", self.tokens), ("W", self.width), ("active", self.active))
+        return " ".join(f"{key}={value}" for key, value in given if value is not None)
+
+    def label(self) -> str:
+        return f"every cell at {self.conditions()}" if self.conditions() else "every cell"
 
 
 class CriterionSpec(StrictModel):
-    """A speed criterion: baseline's median time / subject's >= min_speedup at `cell` (so 1.0
-    means the subject is at least as fast; 0.8 means it may be up to 1.25x slower)."""
+    """A speed criterion at `cell`, or at every cell `cells` selects (each must hold):
+    - with `baseline` and `min_speedup`: baseline's median time / subject's >= min_speedup (so
+      1.0 means the subject is at least as fast; 0.8 means it may be up to 1.25x slower);
+    - with `min_pct_roofline`: the subject's time reaches that share (in %) of the roofline."""
 
     name: str = Field(min_length=1)
     subject: Side
-    baseline: Side
-    cell: Cell
-    min_speedup: float = Field(gt=0, allow_inf_nan=False)
+    baseline: Side | None = None
+    cell: Cell | None = None
+    cells: Cells | None = None
+    min_speedup: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    min_pct_roofline: float | None = Field(default=None, gt=0, le=100, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _one_form(self) -> CriterionSpec:
+        if (self.cell is None) == (self.cells is None):
+            raise ValueError("give exactly one of cell (one point) or cells (a selection)")
+        if self.subject.impl is None:
+            raise ValueError(
+                "the subject is one implementation (impl); fastest_of is for a baseline"
+            )
+        ratio = self.baseline is not None or self.min_speedup is not None
+        if ratio == (self.min_pct_roofline is not None):
+            raise ValueError("give either baseline and min_speedup, or min_pct_roofline")
+        if ratio and (self.baseline is None or self.min_speedup is None):
+            raise ValueError("a ratio criterion needs both baseline and min_speedup")
+        return self
+
+    def selection(self) -> dict[str, int]:
+        """The selected cells as column values of bench-decode's records."""
+        where = self.cell if self.cell is not None else self.cells
+        columns = {"heads": "heads", "tokens": "query_tokens", "width": "width", "active": "active"}
+        return {columns[k]: v for k, v in where.model_dump().items() if v is not None}
+
+    def scope(self) -> str:
+        return self.cell.label() if self.cell is not None else self.cells.label()
 
 
 class BenchConfig(StrictModel):
@@ -151,26 +214,38 @@ class BenchConfig(StrictModel):
             if c.name in names:
                 raise ValueError(f"{where}: another criterion has this name")
             names.add(c.name)
-            for role, side in (("subject", c.subject), ("baseline", c.baseline)):
-                if side.impl not in known:
-                    raise ValueError(
-                        f"{where}: {role} impl {side.impl!r} is not an implementation "
-                        f"(choose from {', '.join(known)})"
-                    )
+            sides = (("subject", c.subject), ("baseline", c.baseline))
+            for role, side in (s for s in sides if s[1] is not None):
+                for impl in side.impls():
+                    if impl not in known:
+                        raise ValueError(
+                            f"{where}: {role} impl {impl!r} is not an implementation "
+                            f"(choose from {', '.join(known)})"
+                        )
                 if side.mode not in self.modes:
                     raise ValueError(
                         f"{where}: {role} mode {side.mode!r} is not one of the config's modes "
                         f"({', '.join(self.modes)})"
                     )
-            widths = {(w.width, w.active) for w in self.widths}
-            cell = c.cell
-            if (
-                cell.heads not in self.heads
-                or cell.tokens not in self.query_tokens
-                or (cell.width, cell.active) not in widths
-            ):
-                raise ValueError(f"{where}: cell {cell.label()} is not in the config's grid")
+            if not self._selects_cells(c):
+                if c.cell is not None:
+                    raise ValueError(f"{where}: cell {c.scope()} is not in the config's grid")
+                raise ValueError(
+                    f"{where}: the config's grid has no cell at {c.cells.conditions()}"
+                )
         return self
+
+    def _selects_cells(self, c: CriterionSpec) -> bool:
+        """Whether the criterion's cell, or at least one cell of its selection, is in the grid
+        (each value it gives is one of the grid's)."""
+        want = c.selection()
+        points = [
+            {"heads": h, "query_tokens": t, "width": w.width, "active": w.active}
+            for h in self.heads
+            for t in self.query_tokens
+            for w in self.widths
+        ]
+        return any(all(p[k] == v for k, v in want.items()) for p in points)
 
 
 def _check_widths(widths: list[WidthSpec], key: str) -> None:

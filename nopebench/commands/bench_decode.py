@@ -131,6 +131,11 @@ def execute(opts: BenchDecodeOptions) -> int:
     write_csv(run.file("results.csv"), df.to_dict("records"))
     write_csv(run.file("nope_vs_shim.csv"), answer.to_dict("records"))
     write_csv(run.file("criteria.csv"), [c.as_row() for c in crit])
+    write_csv(
+        run.file("criteria_cells.csv"),
+        [row for c in crit for row in c.cell_rows()],
+        acceptance.CELL_ROW_COLUMNS,
+    )
     summary = {
         "config": cfg.model_dump(),
         "quick": quick,
@@ -252,12 +257,13 @@ def print_tables(
             [
                 [
                     c.name,
-                    c.cell or "every case",
+                    c.where(),
                     c.measured,
                     acceptance.spread_band(c),
                     c.target,
                     out.verdict(c.passed)
-                    + (" [yellow](within spread)[/]" if c.within_spread else ""),
+                    + (" [yellow](within spread)[/]" if c.within_spread else "")
+                    + (f" [dim]({c.cells_note()})[/]" if c.cells_note() else ""),
                 ]
                 for c in crit
             ],
