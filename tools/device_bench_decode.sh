@@ -16,7 +16,7 @@
 # STAGE=tests or STAGE=grid runs one of steps 2 and 3 (default: both). BENCH_ARGS adds
 # bench-decode arguments (e.g. "--heads 16 --tokens 512" for a single cell). Everything lands in
 # results/device-bench-decode/<UTC time>/; when OUT is set, a tar.gz of it and the key files go
-# there (8 files). Step 3 is capped so the whole script stays under ~9.5 minutes.
+# there (9 files). Step 3 is capped so the whole script stays under ~9.5 minutes.
 # Exit status: 0 when the tests passed and bench-decode exited 0, else 1.
 
 set -uo pipefail
@@ -106,7 +106,8 @@ print("\naccuracy, every cell that ran (each held to its own class)")
 print(acc.to_string())
 crit = pd.read_csv(f"{run}/criteria.csv")
 print("\ncriteria")
-print(crit[["criterion", "measured", "target", "passed", "within_spread"]].to_string(index=False))
+cols = ["criterion", "cell", "measured", "target", "passed", "within_spread", "cells", "failing_cells"]
+print(crit.reindex(columns=cols).to_string(index=False))
 PY
   else
     note "no finished bench-decode run directory (see bench_decode.log)"
@@ -120,7 +121,7 @@ if [ -n "${OUT:-}" ]; then
   cp "$SUMMARY" "$OUT/"
   for f in flashmla_tests.log bench_decode.log; do [ -f "$WORK/$f" ] && cp "$WORK/$f" "$OUT/"; done
   if [ -n "${RUN:-}" ]; then
-    for f in results.csv nope_vs_shim.csv criteria.csv run.json; do
+    for f in results.csv nope_vs_shim.csv criteria.csv criteria_cells.csv run.json; do
       [ -f "$RUN/$f" ] && cp "$RUN/$f" "$OUT/"
     done
   fi
