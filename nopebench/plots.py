@@ -54,8 +54,51 @@ def grouped_bars(
     return path
 
 
-def decode_plots(rows: pd.DataFrame, out_dir: Path) -> list[Path]:
-    """Latency per case and % of roofline per case, one panel per mode and width."""
+def ratio_heatmaps(ratios: pd.DataFrame, subject: str, path: Path) -> Path:
+    """`acceptance.vs_fastest_other`'s ratios as one heatmap per mode and width (heads by query
+    tokens), each cell its ratio and the implementation it is against; green where the subject
+    is faster, red where slower, white at 1."""
+    from matplotlib.colors import TwoSlopeNorm
+
+    panels = list(dict.fromkeys(zip(ratios["mode"], ratios.width, ratios.active, strict=True)))
+    cols = 2 if len(panels) > 1 else 1
+    nrows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(6.2 * cols, 3.4 * nrows), squeeze=False)
+    low = min(0.5, float(ratios.ratio.min()))
+    high = max(1.5, float(ratios.ratio.max()))
+    norm = TwoSlopeNorm(vmin=low, vcenter=1.0, vmax=high)
+    for ax, (mode, width, active) in zip(axes.flat, panels, strict=False):
+        sub = ratios[(ratios["mode"] == mode) & (ratios.width == width) & (ratios.active == active)]
+        grid = sub.pivot_table(index="heads", columns="query_tokens", values="ratio")
+        who = sub.pivot_table(
+            index="heads", columns="query_tokens", values="other", aggfunc="first"
+        )
+        ax.imshow(grid.to_numpy(), cmap="RdYlGn", norm=norm, aspect="auto")
+        for i, heads in enumerate(grid.index):
+            for j, tokens in enumerate(grid.columns):
+                value = grid.loc[heads, tokens]
+                if pd.notna(value):
+                    label = f"{value:.2f}\n{who.loc[heads, tokens]}"
+                    ax.text(j, i, label, ha="center", va="center", fontsize=6.5)
+        ax.set_xticks(range(len(grid.columns)), [str(t) for t in grid.columns])
+        ax.set_yticks(range(len(grid.index)), [str(h) for h in grid.index])
+        ax.set_xlabel("query tokens")
+        ax.set_ylabel("heads")
+        ax.set_title(f"{mode}, width {width} ({active} active)", fontsize=10)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.axis("off")
+    fig.suptitle(f"fastest other implementation / {subject} (> 1: {subject} is faster)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def decode_plots(rows: pd.DataFrame, out_dir: Path, subject: str = "native") -> list[Path]:
+    """Latency per case and % of roofline per case, one panel per mode and width; where
+    `subject` ran beside other implementations, its ratio to the fastest of them per cell."""
+    from nopebench.bench import acceptance
+
     df = rows[rows["median_ms"].notna()] if "median_ms" in rows else rows.iloc[0:0]
     if df.empty:
         return []
@@ -66,7 +109,7 @@ def decode_plots(rows: pd.DataFrame, out_dir: Path) -> list[Path]:
             for m, w, a in zip(df["mode"], df.width, df.active, strict=True)
         ],
     )
-    return [
+    paths = [
         grouped_bars(
             df,
             "point",
@@ -89,3 +132,7 @@ def decode_plots(rows: pd.DataFrame, out_dir: Path) -> list[Path]:
             facet="panel",
         ),
     ]
+    ratios = acceptance.vs_fastest_other(rows, subject)
+    if not ratios.empty:
+        paths.append(ratio_heatmaps(ratios, subject, out_dir / "decode_vs_fastest_other.png"))
+    return paths

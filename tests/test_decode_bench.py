@@ -285,8 +285,39 @@ def test_nope_speedup_and_regressions():
 
 def test_plots_render(tmp_path):
     paths = decode_plots(_rows(), tmp_path)
-    assert [p.name for p in paths] == ["decode_latency.png", "decode_roofline.png"]
+    assert [p.name for p in paths] == [
+        "decode_latency.png",
+        "decode_roofline.png",
+        "decode_vs_fastest_other.png",
+    ]
     assert all(p.stat().st_size > 1000 for p in paths)
+    alone = _rows()[lambda d: d.impl == "native"]  # nothing to compare with: no heatmap
+    assert [p.name for p in decode_plots(alone, tmp_path)][-1] == "decode_roofline.png"
+
+
+def test_vs_fastest_other_takes_the_fastest_peer_per_mode_and_cell():
+    rows = pd.concat(
+        [
+            _rows(),
+            pd.DataFrame(
+                [
+                    _cell_row("flashmla", "nope", 16, 1, 0.010),  # faster than fa3's 0.020
+                    _cell_row("reference", "nope", 64, 512, 0.001),  # the reference is no peer
+                    _cell_row("flashmla", "shim", 16, 512, 0.45),
+                ]
+            ),
+        ],
+        ignore_index=True,
+    )
+    got = acceptance.vs_fastest_other(rows, "native").set_index(["mode", "heads", "query_tokens"])
+    assert got.loc[("nope", 16, 512)].other == "flashinfer-fa3-bf16"
+    assert got.loc[("nope", 16, 512)].ratio == pytest.approx(0.30 / 0.28)
+    assert got.loc[("nope", 16, 1)].other == "flashmla"
+    assert got.loc[("nope", 16, 1)].ratio == pytest.approx(0.010 / 0.012)
+    assert got.loc[("nope", 64, 512)].other == "flashinfer-fa3-bf16"
+    assert got.loc[("shim", 16, 512)].ratio == pytest.approx(0.45 / 0.33)
+    assert ("shim", 64, 512) not in got.index  # no other implementation ran the shim there
+    assert acceptance.vs_fastest_other(rows, "flashmal").empty
 
 
 # --- criteria as data ---------------------------------------------------------------------------

@@ -255,6 +255,29 @@ def nope_answer(rows: pd.DataFrame) -> pd.DataFrame:
     return out[cols].sort_values([*CELL_KEYS, "mode"], kind="stable").reset_index(drop=True)
 
 
+def vs_fastest_other(rows: pd.DataFrame, subject: str) -> pd.DataFrame:
+    """Per mode and cell where `subject` was timed: the fastest other implementation there (the
+    reference left out: it is no peer) and other's time / subject's time (> 1: the subject is
+    faster). Cells where nothing else was timed are left out."""
+    df = timed(rows)
+    keys = ["mode", *CELL_KEYS]
+    cols = [*keys, "subject_ms", "other_ms", "other", "ratio"]
+    mine = df[df.impl == subject]
+    others = df[(df.impl != subject) & (df.impl != "reference")]
+    if mine.empty or others.empty:
+        return pd.DataFrame(columns=cols)
+    best = others.loc[others.groupby(keys, sort=False).median_ms.idxmin()]
+    out = mine[[*keys, "median_ms"]].rename(columns={"median_ms": "subject_ms"})
+    out = out.merge(
+        best[[*keys, "median_ms", "impl"]].rename(
+            columns={"median_ms": "other_ms", "impl": "other"}
+        ),
+        on=keys,
+    )
+    out["ratio"] = out.other_ms / out.subject_ms
+    return out[cols].reset_index(drop=True)
+
+
 def spread_tolerance(
     spread: pd.Series, baseline_spread: pd.Series, noise_floor: float
 ) -> pd.Series:
