@@ -9,10 +9,10 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from nopebench.bench.decode_cases import CriterionSpec, Side, cell_label
+from nopebench.bench.decode_cases import RECORD_COLUMN, CriterionSpec, Side, cell_label
 
 NOPE_MODES = ("nope", "nope-pool")
-CELL_KEYS = ["heads", "query_tokens", "width", "active"]
+CELL_KEYS = list(RECORD_COLUMN.values())  # the columns that name a cell of the grid
 CELL_ROW_COLUMNS = ["criterion", "cell", "measured", "target", "passed", "spread"]
 
 

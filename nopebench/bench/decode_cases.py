@@ -91,6 +91,10 @@ class Side(StrictModel):
         return [self.impl] if self.impl is not None else list(self.fastest_of)
 
 
+# A cell's fields in a config, and the columns of bench-decode's records that hold them.
+RECORD_COLUMN = {"heads": "heads", "tokens": "query_tokens", "width": "width", "active": "active"}
+
+
 def cell_label(heads: int, tokens: int, width: int, active: int) -> str:
     """How tables and records name one point of the grid."""
     return f"H={heads} T={tokens} W={width} ({active} active)"
@@ -158,8 +162,7 @@ class CriterionSpec(StrictModel):
     def selection(self) -> dict[str, int]:
         """The selected cells as column values of bench-decode's records."""
         where = self.cell if self.cell is not None else self.cells
-        columns = {"heads": "heads", "tokens": "query_tokens", "width": "width", "active": "active"}
-        return {columns[k]: v for k, v in where.model_dump().items() if v is not None}
+        return {RECORD_COLUMN[k]: v for k, v in where.model_dump().items() if v is not None}
 
     def scope(self) -> str:
         return self.cell.label() if self.cell is not None else self.cells.label()
@@ -240,7 +243,7 @@ class BenchConfig(StrictModel):
         (each value it gives is one of the grid's)."""
         want = c.selection()
         points = [
-            {"heads": h, "query_tokens": t, "width": w.width, "active": w.active}
+            dict(zip(RECORD_COLUMN.values(), (h, t, w.width, w.active), strict=True))
             for h in self.heads
             for t in self.query_tokens
             for w in self.widths
