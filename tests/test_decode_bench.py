@@ -168,6 +168,25 @@ def test_make_problem_is_fresh_per_set_and_poison_is_never_indexed():
     assert bool((cache.view(-1, 528)[usable:] == 0xFF).all())  # the poison rows really are poison
 
 
+def _cell_row(impl, mode, heads, tokens, ms, roof=50.0):
+    """One timed, passed bench-decode record at width 2176 with 2051 active."""
+    return {
+        "case": f"h{heads}-t{tokens}-{mode}",
+        "impl": impl,
+        "mode": mode,
+        "heads": heads,
+        "query_tokens": tokens,
+        "width": 2176,
+        "active": 2051,
+        "median_ms": ms,
+        "spread": 0.02,
+        "error": None,
+        "skipped": None,
+        "passed": True,
+        "pct_roofline": roof,
+    }
+
+
 def _rows(
     native16=0.28,
     bf16_16=0.30,
@@ -197,23 +216,7 @@ def _rows(
         ("native", "nope", 64, 1, n1_64),
         ("flashinfer-fa3-bf16", "nope", 64, 1, b1_64),
     ]:
-        data.append(
-            {
-                "case": f"h{h}-t{t}-{mode}",
-                "impl": impl,
-                "mode": mode,
-                "heads": h,
-                "query_tokens": t,
-                "width": 2176,
-                "active": 2051,
-                "median_ms": ms,
-                "spread": 0.02,
-                "error": None,
-                "skipped": None,
-                "passed": True,
-                "pct_roofline": 50.0,
-            }
-        )
+        data.append(_cell_row(impl, mode, h, t, ms))
     return pd.DataFrame(data)
 
 
@@ -423,24 +426,6 @@ def test_a_criterion_written_in_yaml_is_evaluated(tmp_path):
     assert slower[0].passed is False and slower[0].measured == pytest.approx(0.33 / 0.40)
     without = acceptance.criteria(rows[rows.impl != "flashmla"], cfg.criteria)
     assert without[0].passed is None and without[0].measured is None
-
-
-def _cell_row(impl, mode, heads, tokens, ms, roof=50.0):
-    return {
-        "case": f"h{heads}-t{tokens}-{mode}",
-        "impl": impl,
-        "mode": mode,
-        "heads": heads,
-        "query_tokens": tokens,
-        "width": 2176,
-        "active": 2051,
-        "median_ms": ms,
-        "spread": 0.02,
-        "error": None,
-        "skipped": None,
-        "passed": True,
-        "pct_roofline": roof,
-    }
 
 
 def test_a_criterion_over_every_cell_holds_only_where_each_cell_does(tmp_path):
