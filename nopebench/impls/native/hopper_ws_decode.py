@@ -129,9 +129,9 @@ def blocks_in_use(
     idx_row, start, end, BLOCKS: gl.constexpr, BLOCK_N: gl.constexpr, WARPS: gl.constexpr
 ):
     """The item's BLOCK_N-entry blocks up to the last that holds a valid entry (at least one).
-    Top-k rows end in -1 padding (2051 of 2176 entries in the issue's case), and a block of -1
+    Top-k rows end in -1 padding (2051 of 2176 entries in GLM-5.3-Flash's buffer), and a block of -1
     entries changes neither O nor the softmax state, so it is skipped. Scans back from the end,
-    one dependent 64-entry load per block: two in the issue's case, but one per skipped block
+    one dependent 64-entry load per block: two in that buffer, but one per skipped block
     plus one on a short row (24 for 700 of 2176; each skipped block still saves its gathers and
     products). Every warp loads the whole block, so the max needs no shared memory."""
     every_warp: gl.constexpr = gl.BlockedLayout([BLOCK_N // 32], [32], [WARPS], [0])
