@@ -473,6 +473,20 @@ def test_a_criterion_over_every_cell_holds_only_where_each_cell_does(tmp_path):
     assert [list(r) for r in cells] == [acceptance.CELL_ROW_COLUMNS] * 4
     assert [r["passed"] for r in cells] == [True, False, False, True]
 
+    # A cell where only native ran is not measured: a failing cell still decides, but with none
+    # failing the criterion is left open rather than passed.
+    gap = rows[~((rows.heads == 64) & (rows.query_tokens == 1) & (rows.impl != "native"))]
+    crit = acceptance.criteria(
+        gap, load_bench_config(_config_with(tmp_path, criteria=[spec])).criteria
+    )[0]
+    assert crit.passed is False and crit.cells_note() == "2 of 3 cells fail, 1 not measured"
+    assert crit.as_row()["unmeasured_cells"] == 1
+    quick = gap.assign(median_ms=gap.median_ms.where(gap.impl != "native", 0.001))
+    crit = acceptance.criteria(
+        quick, load_bench_config(_config_with(tmp_path, criteria=[spec])).criteria
+    )[0]
+    assert crit.passed is None and crit.cells_note() == "0 of 3 cells fail, 1 not measured"
+
     at_512 = {**spec, "cells": {"tokens": 512}}
     cfg = load_bench_config(_config_with(tmp_path, criteria=[at_512]))
     crit = acceptance.criteria(rows, cfg.criteria)[0]

@@ -160,7 +160,7 @@ def test_report_renders_decode_tables_criteria_and_plots(tmp_path):
     assert (
         "| native NoPE at 60% of the roofline at 512 tokens, every head count | every cell at "
         "T=512 (worst: H=16 T=512 W=2176 (2051 active)) | 30 | ±1.0% | >= 60% of roofline | "
-        "**FAIL** |" in text
+        "**FAIL** (1 of 1 cells fail) |" in text
     )
     assert (
         "- native NoPE at 60% of the roofline at 512 tokens, every head count: fails at H=16 "

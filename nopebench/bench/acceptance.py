@@ -39,6 +39,7 @@ class Criterion:
     cell: str | None = None  # the grid point it reads (over a selection: the worst)
     per_cell: tuple[CellResult, ...] = ()  # every cell it was measured at, in grid order
     scope: str | None = None  # the cells it is held at, as its config names them
+    unmeasured: int = 0  # cells of its selection that ran, but not with both its sides timed
 
     @property
     def within_spread(self) -> bool:
@@ -59,10 +60,12 @@ class Criterion:
         return f"{self.scope} (worst: {self.cell})" if self.per_cell else self.scope
 
     def cells_note(self) -> str:
-        """How a selection fared, for tables: '3 of 40 cells fail'; empty for one cell."""
-        if len(self.per_cell) <= 1:
+        """How a selection fared, for tables: '3 of 40 cells fail' (', 2 not measured'); empty
+        for a criterion at one cell."""
+        if self.scope is None:
             return ""
-        return f"{len(self.failing)} of {len(self.per_cell)} cells fail"
+        note = f"{len(self.failing)} of {len(self.per_cell)} cells fail"
+        return note + (f", {self.unmeasured} not measured" if self.unmeasured else "")
 
     def as_row(self) -> dict:
         return {
@@ -75,6 +78,7 @@ class Criterion:
             "within_spread": self.within_spread,
             "cells": len(self.per_cell) if self.scope is not None else None,
             "failing_cells": len(self.failing) if self.scope is not None else None,
+            "unmeasured_cells": self.unmeasured if self.scope is not None else None,
         }
 
     def cell_rows(self) -> list[dict]:
@@ -148,19 +152,32 @@ def evaluate(df: pd.DataFrame, spec: CriterionSpec) -> Criterion:
         )
     )
     scope = spec.cells.label() if spec.cells is not None else None
+    unmeasured = len(sel[CELL_KEYS].drop_duplicates()) - len(per_cell)
     if not per_cell:
-        return Criterion(spec.name, None, target, None, bound, cell=spec.scope(), scope=scope)
+        return Criterion(
+            spec.name,
+            None,
+            target,
+            None,
+            bound,
+            cell=spec.scope(),
+            scope=scope,
+            unmeasured=unmeasured,
+        )
     worst = min(per_cell, key=lambda r: r.measured)
+    # A failing cell decides; otherwise a cell without both sides timed leaves it open.
+    failed = any(not r.passed for r in per_cell)
     return Criterion(
         spec.name,
         worst.measured,
         target,
-        all(r.passed for r in per_cell),
+        False if failed else (None if unmeasured else True),
         bound,
         worst.spread,
         cell=worst.cell,
         per_cell=per_cell,
         scope=scope,
+        unmeasured=unmeasured,
     )
 
 
