@@ -109,8 +109,12 @@ def timed(rows: pd.DataFrame) -> pd.DataFrame:
 
 def _side(df: pd.DataFrame, side: Side) -> pd.DataFrame:
     """Per cell (the CELL_KEYS columns), the median ms, spread and % of roofline of the side's
-    implementation in its mode; with `fastest_of`, of the fastest of them there."""
+    implementation in its mode; with `fastest_of`, of the fastest of them, at the cells where
+    every one of them was timed (elsewhere the fastest is not known)."""
     rows = df[df.impl.isin(side.impls()) & (df["mode"] == side.mode)]
+    if len(side.impls()) > 1 and len(rows):
+        count = rows.groupby(CELL_KEYS, sort=False).impl.transform("nunique")
+        rows = rows[count == len(set(side.impls()))]
     best = rows.loc[rows.groupby(CELL_KEYS, sort=False).median_ms.idxmin()] if len(rows) else rows
     out = best[CELL_KEYS].copy()
     out["ms"] = best.median_ms.astype(float)
