@@ -107,6 +107,11 @@ def timed(rows: pd.DataFrame) -> pd.DataFrame:
     return rows[rows["median_ms"].notna() & rows["error"].isna()]
 
 
+def _fastest_rows(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Per group of `keys` (in first-seen order), the row with the smallest median ms."""
+    return df.loc[df.groupby(keys, sort=False).median_ms.idxmin()] if len(df) else df
+
+
 def _side(df: pd.DataFrame, side: Side) -> pd.DataFrame:
     """Per cell (the CELL_KEYS columns), the median ms, spread and % of roofline of the side's
     implementation in its mode; with `fastest_of`, of the fastest of them, at the cells where
@@ -115,7 +120,7 @@ def _side(df: pd.DataFrame, side: Side) -> pd.DataFrame:
     if len(side.impls()) > 1 and len(rows):
         count = rows.groupby(CELL_KEYS, sort=False).impl.transform("nunique")
         rows = rows[count == len(set(side.impls()))]
-    best = rows.loc[rows.groupby(CELL_KEYS, sort=False).median_ms.idxmin()] if len(rows) else rows
+    best = _fastest_rows(rows, CELL_KEYS)
     out = best[CELL_KEYS].copy()
     out["ms"] = best.median_ms.astype(float)
     for column, source in (("spread", "spread"), ("roof", "pct_roofline")):
@@ -215,7 +220,7 @@ def _fastest(df: pd.DataFrame, label) -> pd.DataFrame:
     """Per cell: the fastest row's median ms and a label for it."""
     if df.empty:
         return pd.DataFrame(columns=[*CELL_KEYS, "ms", "by"])
-    best = df.loc[df.groupby(CELL_KEYS, sort=False).median_ms.idxmin()]
+    best = _fastest_rows(df, CELL_KEYS)
     return pd.DataFrame(
         {
             **{k: best[k].to_numpy() for k in CELL_KEYS},
@@ -287,7 +292,7 @@ def vs_fastest_other(rows: pd.DataFrame, subject: str) -> pd.DataFrame:
     others = df[(df.impl != subject) & (df.impl != "reference")]
     if mine.empty or others.empty:
         return pd.DataFrame(columns=cols)
-    best = others.loc[others.groupby(keys, sort=False).median_ms.idxmin()]
+    best = _fastest_rows(others, keys)
     out = mine[[*keys, "median_ms"]].rename(columns={"median_ms": "subject_ms"})
     out = out.merge(
         best[[*keys, "median_ms", "impl"]].rename(
