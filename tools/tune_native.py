@@ -119,6 +119,16 @@ def hopper_variants(
     if heads > 32:
         # The 64-head kernel: its plan (three ring slots for NoPE rows) and two.
         cands += [dict(kernel="hopper_wide"), dict(kernel="hopper_wide", slots=2)]
+    if heads > 32 and rope:
+        # With RoPE lanes (32-row blocks) shared memory has room for a third tile, a second P
+        # tile or both, at the cost of ring slots.
+        cands += [
+            dict(kernel="hopper_wide", kv_bufs=3),
+            dict(kernel="hopper_wide", kv_bufs=3, slots=3),
+            dict(kernel="hopper_wide", p_bufs=2),
+            dict(kernel="hopper_wide", kv_bufs=3, p_bufs=2),
+            dict(kernel="hopper_wide", slots=4),
+        ]
     if wave_scan:
         cands = split_scan(heads, tokens, rope)
     out, seen = [], set()
@@ -192,6 +202,7 @@ def build_plan(tokens: int, heads: int, v: dict, rope: bool = False) -> LaunchPl
             slots=v.get("slots"),
             splits=v.get("splits"),
             rope=rope,
+            **{k: v[k] for k in ("kv_bufs", "p_bufs") if k in v},
         )
     if v.get("kernel") == "hopper_ws":
         return plan_hopper_ws(
@@ -258,6 +269,11 @@ def main() -> int:
         action="store_true",
         help="with --hopper: only split counts around one wave of programs, per kernel",
     )
+    ap.add_argument(
+        "--kernel",
+        default=None,
+        help="with --hopper: only this kernel's variants (hopper, hopper_ws or hopper_wide)",
+    )
     args = ap.parse_args()
     out_dir = Path(os.environ.get("OUT", "tune-out"))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -290,6 +306,7 @@ def main() -> int:
             ref, ref_lse = sparse_decode_reference(qs[0], cache, idxs[0], 0.0625, rope)
             if args.hopper:
                 vs = hopper_variants(heads, tokens, bool(rope), args.few_scan, args.wave_scan)
+                vs = [v for v in vs if args.kernel in (None, v.get("kernel"))]
             elif args.explore:
                 vs = explore(heads, tokens)
             else:
@@ -350,6 +367,8 @@ def main() -> int:
                             "splits",
                             "kernel",
                             "role_split",
+                            "kv_bufs",
+                            "p_bufs",
                             "passed",
                             "max_abs_err",
                             "median_ms",
@@ -372,7 +391,8 @@ def main() -> int:
         print(
             f"H={h:<4} T={t:<4} {m:5} {b.median_ms:.4f} ms  bn={b.block_n} w={b.num_warps} "
             f"pf={b.prefetch} "
-            f"st={b.num_stages} sp={b.splits} {b.kernel}{' split' if b.role_split else ''} "
+            f"st={b.num_stages} sp={b.splits} kv={b.kv_bufs} p={b.p_bufs} "
+            f"{b.kernel}{' split' if b.role_split else ''} "
             f"{b.tbps:.2f} TB/s "
             f"{b.tflops:.0f} TFLOP/s"
         )

@@ -35,7 +35,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from nopebench.impls.native.constants import WIDE_KV_BUFS, WIDE_P_BUFS
 from nopebench.impls.native.hopper_decode import TILE, _load_idx, _softmax_step, _stage_q
 from nopebench.impls.native.hopper_ws_decode import (
     _item,
@@ -64,8 +63,8 @@ def launch_constants(plan, row_bytes: int) -> tuple[dict, dict]:
         HEAD_BLOCKS=plan.head_blocks,
         ONE_SPLIT=plan.splits == 1,
         BLOCKS=plan.entries_per_split // plan.block_n,
-        KV_BUFS=WIDE_KV_BUFS,
-        P_BUFS=WIDE_P_BUFS,
+        KV_BUFS=plan.kv_bufs,
+        P_BUFS=plan.p_bufs,
         RING_SLOTS=plan.num_stages,
         P_WARPS=PRODUCER_WARPS,
         P_REGS=PRODUCER_REGS,

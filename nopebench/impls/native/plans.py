@@ -48,6 +48,8 @@ class LaunchPlan:
         0  # hopper_ws: programs of its persistent grid (one per SM); 0: one per work item
     )
     rope: bool = False  # SM90 plans: shared memory planned for the RoPE lanes (576-wide QK)
+    kv_bufs: int = WIDE_KV_BUFS  # hopper_wide: dequantized tiles the producer cycles through
+    p_bufs: int = WIDE_P_BUFS  # hopper_wide: P tiles handed from the scorer to the right warpgroup
 
     @property
     def programs(self) -> int:
@@ -296,18 +298,19 @@ def wide_block_n(rope: bool) -> int:
     return WIDE_ROPE_BLOCK_N if rope else WIDE_BLOCK_N
 
 
-def wide_smem_bytes(slots: int, rope: bool = False) -> int:
+def wide_smem_bytes(
+    slots: int, rope: bool = False, kv_bufs: int = WIDE_KV_BUFS, p_bufs: int = WIDE_P_BUFS
+) -> int:
     """Shared memory of the 64-head kernel: the producer's ring (fp8 tiles, scales, index
-    entries), the dequantized tiles, q, the P tiles and their rescale factors, 1/l, mbarriers
-    and compiler scratch. With `rope` every row of the ring, of the tiles and of q also holds
-    64 bf16 RoPE lanes, and the blocks are `wide_block_n(True)` rows."""
+    entries), the `kv_bufs` dequantized tiles, q, the `p_bufs` P tiles and their rescale
+    factors, 1/l, mbarriers and compiler scratch. With `rope` every row of the ring, of the
+    tiles and of q also holds 64 bf16 RoPE lanes, and the blocks are `wide_block_n(True)` rows."""
     rope_row = RING_ROPE_BYTES if rope else 0
     block_n = wide_block_n(rope)
     ring = slots * WIDE_RING_ROWS * (RING_ROW_BYTES + rope_row)
-    tiles = (WIDE_KV_BUFS * block_n + WIDE_BLOCK_H) * (
-        512 * 2 + rope_row
-    ) + WIDE_P_BUFS * WIDE_BLOCK_H * block_n * 2
-    return ring + tiles + (WIDE_P_BUFS + 1) * WIDE_BLOCK_H * 4 + 1024
+    tiles = (kv_bufs * block_n + WIDE_BLOCK_H) * (512 * 2 + rope_row)
+    p_tiles = p_bufs * WIDE_BLOCK_H * block_n * 2
+    return ring + tiles + p_tiles + (p_bufs + 1) * WIDE_BLOCK_H * 4 + 1024
 
 
 def plan_hopper_wide(
@@ -318,18 +321,24 @@ def plan_hopper_wide(
     slots: int | None = None,
     splits: int | None = None,
     rope: bool = False,
+    kv_bufs: int = WIDE_KV_BUFS,
+    p_bufs: int = WIDE_P_BUFS,
 ) -> LaunchPlan:
     """Launch shape for the 64-head SM90 kernel: as many producer ring slots as shared memory
-    holds (three for NoPE rows), one program per (token, head block, split), split as
-    `_split_one_per_sm` does. `rope`: the rows' RoPE lanes are read too (576-wide QK), in
-    `wide_block_n(True)`-row blocks, since 64-row ones leave no room for the ring."""
+    holds beside `kv_bufs` tiles and `p_bufs` P tiles (three for NoPE rows), one program per
+    (token, head block, split), split as `_split_one_per_sm` does. `rope`: the rows' RoPE lanes
+    are read too (576-wide QK), in `wide_block_n(True)`-row blocks, since 64-row ones leave no
+    room for the ring."""
     block_n = wide_block_n(rope)
     if slots is None:
         slots = 1
-        while wide_smem_bytes(slots + 1, rope) <= HOPPER_SMEM:
+        while wide_smem_bytes(slots + 1, rope, kv_bufs, p_bufs) <= HOPPER_SMEM:
             slots += 1
-    if wide_smem_bytes(slots, rope) > HOPPER_SMEM:
-        raise ValueError(f"{slots} ring slots need more shared memory than SM90 has")
+    if wide_smem_bytes(slots, rope, kv_bufs, p_bufs) > HOPPER_SMEM:
+        raise ValueError(
+            f"{slots} ring slots, {kv_bufs} tiles and {p_bufs} P tiles need more shared memory "
+            "than SM90 has"
+        )
     head_blocks, splits, per_split = _split_one_per_sm(
         tokens, heads, width, WIDE_BLOCK_H, block_n, sms, splits, fill=-(-sms // 2)
     )
@@ -344,4 +353,6 @@ def plan_hopper_wide(
         prefetch=False,
         kernel="hopper_wide",
         rope=rope,
+        kv_bufs=kv_bufs,
+        p_bufs=p_bufs,
     )
