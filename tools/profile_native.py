@@ -6,6 +6,8 @@
         python3 tools/profile_native.py --hopper --heads 16 --tokens 512
     ncu --clock-control none -k regex:hopper_ws --launch-skip 2 --launch-count 1 \
         python3 tools/profile_native.py --ws --heads 16 --tokens 512
+    ncu --clock-control none -k regex:hopper_wide --launch-skip 2 --launch-count 1 \
+        python3 tools/profile_native.py --wide --heads 64 --tokens 512
 """
 
 from __future__ import annotations
@@ -17,7 +19,12 @@ import torch
 
 from nopebench.bench.decode_cases import build_cache
 from nopebench.impls.native.adapter import native_decode
-from nopebench.impls.native.plans import plan_hopper, plan_hopper_ws, plan_launch
+from nopebench.impls.native.plans import (
+    plan_hopper,
+    plan_hopper_wide,
+    plan_hopper_ws,
+    plan_launch,
+)
 
 
 def main() -> None:
@@ -37,14 +44,21 @@ def main() -> None:
     ap.add_argument(
         "--ws", action="store_true", help="the warp-specialised SM90 kernel (--splits applies)"
     )
+    ap.add_argument("--wide", action="store_true", help="the 64-head SM90 kernel")
+    ap.add_argument("--rope", action="store_true", help="576-wide QK (shim rows)")
     args = ap.parse_args()
     rows, width, active = 1 << 20, 2176, 2051
-    cache, usable = build_cache("nope", rows, 64, "arbitrary_fp32", "cuda")
+    rope = 64 if args.rope else 0
+    cache, usable = build_cache("shim" if rope else "nope", rows, 64, "arbitrary_fp32", "cuda")
     idx = torch.full((args.tokens, width), -1, dtype=torch.int32, device="cuda")
     idx[:, :active] = torch.randint(
         0, usable, (args.tokens, active), device="cuda", dtype=torch.int32
     )
-    q = torch.randn(args.tokens, args.heads, 512, device="cuda").clamp(-1, 1).to(torch.bfloat16)
+    q = (
+        torch.randn(args.tokens, args.heads, 512 + rope, device="cuda")
+        .clamp(-1, 1)
+        .to(torch.bfloat16)
+    )
     plan = plan_launch(
         args.tokens,
         args.heads,
@@ -63,15 +77,17 @@ def main() -> None:
             args.tokens,
             args.heads,
             width,
-            False,
+            bool(rope),
             stages=args.stages,
             splits=args.splits,
             block_n=args.block_n,
         )
     if args.ws:
-        plan = plan_hopper_ws(args.tokens, args.heads, width, splits=args.splits)
+        plan = plan_hopper_ws(args.tokens, args.heads, width, splits=args.splits, rope=bool(rope))
+    if args.wide:
+        plan = plan_hopper_wide(args.tokens, args.heads, width, splits=args.splits, rope=bool(rope))
     for _ in range(4):
-        native_decode(q, cache, idx, 0.0625, 0, plan)
+        native_decode(q, cache, idx, 0.0625, rope, plan)
     torch.cuda.synchronize()
     print(plan)
 
