@@ -35,6 +35,9 @@ WIDE_BLOCK_N = 64  # rows per block (32-row blocks with three tiles measured slo
 # Rows per block with RoPE lanes: two 64-row tiles and their RoPE tiles beside q and q's RoPE
 # lanes leave no shared memory for even one ring slot, two 32-row tiles leave room for several.
 WIDE_ROPE_BLOCK_N = 32
+# Ring slots with RoPE lanes: seven fit, but two were 2-3% faster on the H200 at 64 and 128 heads
+# (results/reference/decode-tuning/hopper-wide/); NoPE rows take all that fit (three).
+WIDE_ROPE_SLOTS = 2
 WIDE_KV_BUFS = 2  # dequantized tiles: the producer fills one while the consumers read the other
 WIDE_P_BUFS = 1  # P tiles handed from the scorer to the right warpgroup
 WIDE_RING_ROWS = 16  # its producer's ring slot: 4 rows per warp, one warpgroup

@@ -19,6 +19,7 @@ from nopebench.impls.native.constants import (
     WIDE_P_BUFS,
     WIDE_RING_ROWS,
     WIDE_ROPE_BLOCK_N,
+    WIDE_ROPE_SLOTS,
     WS_MAX_BLOCK_H,
     WS_RING_ROWS,
     WS_SPLIT_SLOTS,
@@ -325,11 +326,14 @@ def plan_hopper_wide(
     p_bufs: int = WIDE_P_BUFS,
 ) -> LaunchPlan:
     """Launch shape for the 64-head SM90 kernel: as many producer ring slots as shared memory
-    holds beside `kv_bufs` tiles and `p_bufs` P tiles (three for NoPE rows), one program per
+    holds beside `kv_bufs` tiles and `p_bufs` P tiles (three for NoPE rows; WIDE_ROPE_SLOTS with
+    RoPE lanes, faster than the seven that fit), one program per
     (token, head block, split), split as `_split_one_per_sm` does. `rope`: the rows' RoPE lanes
     are read too (576-wide QK), in `wide_block_n(True)`-row blocks, since 64-row ones leave no
     room for the ring."""
     block_n = wide_block_n(rope)
+    if slots is None and rope:
+        slots = WIDE_ROPE_SLOTS
     if slots is None:
         slots = 1
         while wide_smem_bytes(slots + 1, rope, kv_bufs, p_bufs) <= HOPPER_SMEM:
