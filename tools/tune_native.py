@@ -117,7 +117,7 @@ def hopper_variants(
             dict(kernel="hopper_ws", block_h=16),
         ]
     if heads > 32:
-        # The 64-head kernel: its plan (three ring slots for NoPE rows) and two.
+        # The 64-head kernel: its plan (three ring slots for NoPE rows, two for RoPE) and two.
         cands += [dict(kernel="hopper_wide"), dict(kernel="hopper_wide", slots=2)]
     if heads > 32 and rope:
         # With RoPE lanes (32-row blocks) shared memory has room for a third tile, a second P

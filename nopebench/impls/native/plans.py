@@ -327,10 +327,9 @@ def plan_hopper_wide(
 ) -> LaunchPlan:
     """Launch shape for the 64-head SM90 kernel: as many producer ring slots as shared memory
     holds beside `kv_bufs` tiles and `p_bufs` P tiles (three for NoPE rows; WIDE_ROPE_SLOTS with
-    RoPE lanes, faster than the seven that fit), one program per
-    (token, head block, split), split as `_split_one_per_sm` does. `rope`: the rows' RoPE lanes
-    are read too (576-wide QK), in `wide_block_n(True)`-row blocks, since 64-row ones leave no
-    room for the ring."""
+    RoPE lanes, faster than the seven that fit), one program per (token, head block, split),
+    split as `_split_one_per_sm` does. `rope`: the rows' RoPE lanes are read too (576-wide QK),
+    in `wide_block_n(True)`-row blocks, since 64-row ones leave no room for the ring."""
     block_n = wide_block_n(rope)
     if slots is None and rope:
         slots = WIDE_ROPE_SLOTS
