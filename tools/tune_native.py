@@ -175,10 +175,10 @@ def split_scan(heads: int, tokens: int, rope: bool) -> list[dict]:
     kernels = [
         dict(kernel="hopper", block_h=bh, block_n=64, stages=2) for bh in {widest, min(32, widest)}
     ]
-    if not rope:
-        kernels += [dict(kernel="hopper_ws", block_h=16)] if heads <= 32 else []
-        kernels += [dict(kernel="hopper_ws", block_h=32, role_split=False)] if heads >= 32 else []
-        kernels += [dict(kernel="hopper_wide")] if heads >= 64 else []
+    # The warp-specialised kernels read RoPE rows too (the planner picks them by shape alone).
+    kernels += [dict(kernel="hopper_ws", block_h=16)] if heads <= 32 else []
+    kernels += [dict(kernel="hopper_ws", block_h=32, role_split=False)] if heads >= 32 else []
+    kernels += [dict(kernel="hopper_wide")] if heads >= 64 else []
     out = []
     for v in kernels:
         try:
