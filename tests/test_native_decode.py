@@ -23,6 +23,7 @@ from nopebench.impls.native.plans import (
     plan_hopper_wide,
     plan_hopper_ws,
     plan_launch,
+    wide_q_reg_tiles,
     wide_smem_bytes,
     ws_smem_bytes,
 )
@@ -186,6 +187,19 @@ def test_64_head_shared_memory_model_covers_the_compiled_kernel():
     assert plan_hopper_wide(512, 64, 2176, rope=True, slots=7).num_stages == 7
     assert 0 <= wide_smem_bytes(7, rope=True) - 226544 <= 1024
     assert wide_smem_bytes(8, rope=True) > HOPPER_SMEM
+
+
+def test_64_head_scorer_holds_q_tiles_in_registers_where_measured():
+    """q's first latent tiles go to the scorer's registers only under the Triton where that was
+    measured faster and spill-free (3.6: one tile for NoPE rows, two with RoPE lanes); under 3.9
+    (whose scorer spills with one) and unknown versions q stays in shared memory."""
+    assert [wide_q_reg_tiles(rope, "3.6.0") for rope in (False, True)] == [1, 2]
+    for version in ("3.9.0", "3.7.1", "3.10.0+git", "", None):
+        assert [wide_q_reg_tiles(rope, version) for rope in (False, True)] == [0, 0], version
+    assert plan_hopper_wide(512, 64, 2176, q_regs=0).q_regs == 0
+    assert plan_hopper_wide(512, 64, 2176, rope=True, q_regs=2).q_regs == 2
+    with pytest.raises(ValueError, match="0 to 3"):
+        plan_hopper_wide(512, 64, 2176, q_regs=4)
 
 
 def record_launches(
@@ -529,7 +543,8 @@ GPU_GRID = [
 def gpu_plan(kernel: str, tokens: int, heads: int, width: int, rope: int):
     """The launch plan of one of the four kernels (hopper_ws: its planned form, at 16 heads per
     program the role split; hopper_ws_one: one consumer; hopper_wide: 64 heads per program, fewer
-    heads masked), for the rows' QK width; the Hopper ones are skipped off SM90."""
+    heads masked; hopper_wide_smem_q: the same with all of q in shared memory, as Tritons other
+    than the measured one run it), for the rows' QK width; the Hopper ones are skipped off SM90."""
     from nopebench.impls.native.adapter import hopper_available
     from nopebench.impls.native.plans import plan_hopper
 
@@ -538,8 +553,9 @@ def gpu_plan(kernel: str, tokens: int, heads: int, width: int, rope: int):
         return plan_launch(tokens, heads, width, sms)
     if not hopper_available(0):
         pytest.skip("the Hopper kernels need an SM90 GPU and Triton's Gluon")
-    if kernel == "hopper_wide":
-        return plan_hopper_wide(tokens, heads, width, sms, rope=bool(rope))
+    if kernel.startswith("hopper_wide"):
+        q_regs = 0 if kernel == "hopper_wide_smem_q" else None
+        return plan_hopper_wide(tokens, heads, width, sms, rope=bool(rope), q_regs=q_regs)
     if kernel.startswith("hopper_ws"):
         return plan_hopper_ws(
             tokens,
@@ -554,7 +570,8 @@ def gpu_plan(kernel: str, tokens: int, heads: int, width: int, rope: int):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "kernel", ["triton", "hopper", "hopper_ws", "hopper_ws_one", "hopper_wide"]
+    "kernel",
+    ["triton", "hopper", "hopper_ws", "hopper_ws_one", "hopper_wide", "hopper_wide_smem_q"],
 )
 @pytest.mark.parametrize("heads, tokens, width, rope, row_bytes", GPU_GRID)
 def test_native_matches_reference_on_gpu(heads, tokens, width, rope, row_bytes, kernel):

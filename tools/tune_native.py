@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from nopebench import environment
 from nopebench.bench.decode_cases import build_cache
 from nopebench.bench.timing import measure_ceilings, time_gpu
 from nopebench.compare import close
@@ -32,6 +33,7 @@ from nopebench.impls.native.plans import (
     plan_hopper_wide,
     plan_hopper_ws,
     plan_launch,
+    wide_q_reg_tiles,
 )
 from nopebench.impls.reference import sparse_decode_reference
 from nopebench.records import write_csv, write_json
@@ -119,6 +121,10 @@ def hopper_variants(
     if heads > 32:
         # The 64-head kernel: its plan (three ring slots for NoPE rows, two for RoPE) and two.
         cands += [dict(kernel="hopper_wide"), dict(kernel="hopper_wide", slots=2)]
+        # Where the plan holds q's first latent tiles in the scorer's registers (this Triton's
+        # `wide_q_reg_tiles`), also q all in shared memory; more tiles spill.
+        if wide_q_reg_tiles(rope, environment.package_version("triton")):
+            cands += [dict(kernel="hopper_wide", q_regs=0)]
     if heads > 32 and rope:
         # With RoPE lanes (32-row blocks) shared memory has room for a third tile, a second P
         # tile or both, at the cost of ring slots.
@@ -202,7 +208,7 @@ def build_plan(tokens: int, heads: int, v: dict, rope: bool = False) -> LaunchPl
             slots=v.get("slots"),
             splits=v.get("splits"),
             rope=rope,
-            **{k: v[k] for k in ("kv_bufs", "p_bufs") if k in v},
+            **{k: v[k] for k in ("kv_bufs", "p_bufs", "q_regs") if k in v},
         )
     if v.get("kernel") == "hopper_ws":
         return plan_hopper_ws(
@@ -369,6 +375,7 @@ def main() -> int:
                             "role_split",
                             "kv_bufs",
                             "p_bufs",
+                            "q_regs",
                             "passed",
                             "max_abs_err",
                             "median_ms",

@@ -9,7 +9,8 @@ at once (the split FlashMLA's SM90 sparse decode uses):
 - the producer (one warpgroup) gathers and dequantizes each block into one of two bf16 tiles
   (`hopper_ws_decode._producer`), with ROPE also each row's RoPE lanes into a RoPE tile beside
   it;
-- the scorer (the default partition) runs S = Q K^T for 64 heads x BLOCK_N keys, the online softmax,
+- the scorer (the default partition) runs S = Q K^T for 64 heads x BLOCK_N keys (q's first Q_REGS
+  latent tiles from its registers, loaded once, the rest from shared memory), the online softmax,
   hands P and the per-head rescale factor to the other warpgroup through shared memory, and runs
   the left half of the output product, O[:, :256] = alpha O + P V[:, :256], P from registers;
 - the right warpgroup stages q's latent lanes (the scorer its RoPE lanes), then runs
@@ -69,6 +70,7 @@ def launch_constants(plan, row_bytes: int) -> tuple[dict, dict]:
         P_WARPS=PRODUCER_WARPS,
         P_REGS=PRODUCER_REGS,
         R_REGS=RIGHT_REGS,
+        Q_REGS=plan.q_regs,
     )
     return constants, {"num_warps": 4, "maxnreg": LAUNCH_REGS}
 
@@ -76,6 +78,7 @@ def launch_constants(plan, row_bytes: int) -> tuple[dict, dict]:
 @gluon.jit
 def _block_scores(
     q_smem,
+    qa,
     qr_smem,
     kv_bufs,
     rope_bufs,
@@ -84,16 +87,23 @@ def _block_scores(
     BLOCK_N: gl.constexpr,
     ROPE: gl.constexpr,
     s_layout: gl.constexpr,
+    Q_REGS: gl.constexpr,
 ):
     """Waits for block i's tile and issues S = Q K^T over the four 128-wide tiles (+ Q_rope
     K_rope^T over the RoPE tile, as `hopper_decode`'s fifth group): four (five) async wgmma
-    groups, accumulated in fp32 in that order."""
+    groups, accumulated in fp32 in that order. q's first Q_REGS tiles come from the registers
+    in `qa`, the rest from `q_smem`."""
     bufs: gl.constexpr = kv_bufs[0].shape[0]
     b = i % bufs
     mbarrier.wait(full_bars.index(b), (i // bufs) & 1)
     s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout)
     for t in gl.static_range(4):
-        s = warpgroup_mma(q_smem.index(t), kv_bufs[t].index(b).permute((1, 0)), s, is_async=True)
+        if t < Q_REGS:
+            s = warpgroup_mma(qa[t], kv_bufs[t].index(b).permute((1, 0)), s, is_async=True)
+        else:
+            s = warpgroup_mma(
+                q_smem.index(t), kv_bufs[t].index(b).permute((1, 0)), s, is_async=True
+            )
     if ROPE:
         s = warpgroup_mma(qr_smem, rope_bufs.index(b).permute((1, 0)), s, is_async=True)
     return s
@@ -195,6 +205,7 @@ def _scorer(
     s_layout: gl.constexpr,
     o_layout: gl.constexpr,
     q_layout: gl.constexpr,
+    Q_REGS: gl.constexpr,
 ):
     """Scores, online softmax and the left half of O; with ROPE it stages q's RoPE lanes."""
     keys: gl.constexpr = gl.SliceLayout(0, s_layout)
@@ -230,6 +241,17 @@ def _scorer(
         )
         fence_async_shared()  # generic-proxy stores -> this warpgroup's wgmma
     mbarrier.wait(q_bar, 0)  # the right warpgroup staged q's latent lanes
+    # q's first Q_REGS tiles as the score product's A operand from registers: each block's
+    # wgmma then reads only the tile from shared memory for them (plans.wide_q_reg_tiles).
+    q_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
+    if Q_REGS == 1:
+        qa = (q_smem.index(0).load(q_op),)
+    elif Q_REGS == 2:
+        qa = (q_smem.index(0).load(q_op), q_smem.index(1).load(q_op))
+    elif Q_REGS == 3:
+        qa = (q_smem.index(0).load(q_op), q_smem.index(1).load(q_op), q_smem.index(2).load(q_op))
+    else:
+        qa = q_smem
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(1, s_layout))
 
@@ -239,7 +261,9 @@ def _scorer(
     # block i + 1's scores before block i's softmax measured slower: the per-block waits
     # dominate.)
     valid = gl.convert_layout(_load_idx(idx_row, start, end, BLOCK_N, idx_l) >= 0, keys)
-    s = _block_scores(q_smem, qr_smem, kv_bufs, rope_bufs, full_bars, 0, BLOCK_N, ROPE, s_layout)
+    s = _block_scores(
+        q_smem, qa, qr_smem, kv_bufs, rope_bufs, full_bars, 0, BLOCK_N, ROPE, s_layout, Q_REGS
+    )
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, qk_scale_log2, KEYS=1)
     p16 = _hand_over(p, alpha, p_smem, a_smem, p_full, p_empty, 0)
@@ -254,7 +278,7 @@ def _scorer(
         oa, ob = warpgroup_mma_wait(num_outstanding=0, deps=(oa, ob))
         mbarrier.arrive(empty_bars.index(prev), count=1)
         s = _block_scores(
-            q_smem, qr_smem, kv_bufs, rope_bufs, full_bars, i, BLOCK_N, ROPE, s_layout
+            q_smem, qa, qr_smem, kv_bufs, rope_bufs, full_bars, i, BLOCK_N, ROPE, s_layout, Q_REGS
         )
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, qk_scale_log2, KEYS=1)
@@ -376,13 +400,14 @@ def hopper_wide_decode_kernel(
     P_WARPS: gl.constexpr,
     P_REGS: gl.constexpr,
     R_REGS: gl.constexpr,
+    Q_REGS: gl.constexpr,
 ):
     # ROPE: 576-wide QK (the rows' RoPE lanes against q's last 64; the output reads the 512
     # latent lanes only), else 512-wide NoPE.
     # BLOCKS: BLOCK_N-row blocks per program (entries_per_split / BLOCK_N); KV_BUFS: dequantized
     # tiles; P_BUFS: P tiles handed to the right warpgroup; RING_SLOTS: producer
     # ring slots of 4 * P_WARPS rows; P_REGS, R_REGS: the producer's and right warpgroup's
-    # register budgets (setmaxnreg).
+    # register budgets (setmaxnreg); Q_REGS: q's latent tiles the scorer holds in registers.
     SUB: gl.constexpr = 4 * P_WARPS
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
@@ -461,6 +486,7 @@ def hopper_wide_decode_kernel(
                     s_layout,
                     o_layout,
                     q_layout,
+                    Q_REGS,
                 ),
             ),
             (

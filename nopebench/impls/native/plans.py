@@ -1,11 +1,13 @@
 """Launch plans of the native decode kernels: pure functions of the shape and the GPU's SM
-count, tested on CPU. `plan_launch` (portable Triton), `plan_hopper` (single-role SM90),
-`plan_hopper_ws` (warp-specialised) and `plan_hopper_wide` (64 heads); the measurements behind
-each heuristic are under results/reference/decode-tuning/.
+count (and, for one register choice of the 64-head kernel, the Triton version), tested on CPU.
+`plan_launch` (portable Triton), `plan_hopper` (single-role SM90), `plan_hopper_ws`
+(warp-specialised) and `plan_hopper_wide` (64 heads); the measurements behind each heuristic are
+under results/reference/decode-tuning/.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from nopebench.impls.native.constants import (
@@ -17,6 +19,7 @@ from nopebench.impls.native.constants import (
     WIDE_BLOCK_N,
     WIDE_KV_BUFS,
     WIDE_P_BUFS,
+    WIDE_Q_REG_TILES,
     WIDE_RING_ROWS,
     WIDE_ROPE_BLOCK_N,
     WIDE_ROPE_SLOTS,
@@ -51,6 +54,7 @@ class LaunchPlan:
     rope: bool = False  # SM90 plans: shared memory planned for the RoPE lanes (576-wide QK)
     kv_bufs: int = WIDE_KV_BUFS  # hopper_wide: dequantized tiles the producer cycles through
     p_bufs: int = WIDE_P_BUFS  # hopper_wide: P tiles handed from the scorer to the right warpgroup
+    q_regs: int = 0  # hopper_wide: q's 128-lane latent tiles the scorer holds in registers
 
     @property
     def programs(self) -> int:
@@ -314,6 +318,14 @@ def wide_smem_bytes(
     return ring + tiles + p_tiles + (p_bufs + 1) * WIDE_BLOCK_H * 4 + 1024
 
 
+def wide_q_reg_tiles(rope: bool, triton_version: str | None) -> int:
+    """q's latent tiles the 64-head kernel's scorer holds in registers under this Triton (none
+    for an unmeasured or unknown version: the rest of the kernel is the same)."""
+    numbers = re.findall(r"\d+", triton_version or "")
+    key = (int(numbers[0]), int(numbers[1])) if len(numbers) >= 2 else None
+    return WIDE_Q_REG_TILES.get(key, (0, 0))[int(rope)]
+
+
 def plan_hopper_wide(
     tokens: int,
     heads: int,
@@ -324,12 +336,21 @@ def plan_hopper_wide(
     rope: bool = False,
     kv_bufs: int = WIDE_KV_BUFS,
     p_bufs: int = WIDE_P_BUFS,
+    q_regs: int | None = None,
 ) -> LaunchPlan:
     """Launch shape for the 64-head SM90 kernel: as many producer ring slots as shared memory
     holds beside `kv_bufs` tiles and `p_bufs` P tiles (three for NoPE rows; WIDE_ROPE_SLOTS with
     RoPE lanes, faster than the seven that fit), one program per (token, head block, split),
     split as `_split_one_per_sm` does. `rope`: the rows' RoPE lanes are read too (576-wide QK),
-    in `wide_block_n(True)`-row blocks, since 64-row ones leave no room for the ring."""
+    in `wide_block_n(True)`-row blocks, since 64-row ones leave no room for the ring. `q_regs`:
+    q's latent tiles the scorer keeps in registers, by default `wide_q_reg_tiles` for the
+    installed Triton."""
+    if q_regs is None:
+        from nopebench import environment
+
+        q_regs = wide_q_reg_tiles(rope, environment.package_version("triton"))
+    if not 0 <= q_regs <= 3:
+        raise ValueError(f"the scorer holds 0 to 3 of q's latent tiles in registers, not {q_regs}")
     block_n = wide_block_n(rope)
     if slots is None and rope:
         slots = WIDE_ROPE_SLOTS
@@ -358,4 +379,5 @@ def plan_hopper_wide(
         rope=rope,
         kv_bufs=kv_bufs,
         p_bufs=p_bufs,
+        q_regs=q_regs,
     )
