@@ -20,7 +20,6 @@ from pathlib import Path
 
 import torch
 
-from nopebench import environment
 from nopebench.bench.decode_cases import build_cache
 from nopebench.bench.timing import measure_ceilings, time_gpu
 from nopebench.compare import close
@@ -28,6 +27,7 @@ from nopebench.environment import environment_header
 from nopebench.impls.native.adapter import native_decode
 from nopebench.impls.native.plans import (
     LaunchPlan,
+    installed_triton,
     next_pow2,
     plan_hopper,
     plan_hopper_wide,
@@ -123,7 +123,7 @@ def hopper_variants(
         cands += [dict(kernel="hopper_wide"), dict(kernel="hopper_wide", slots=2)]
         # Where the plan holds q's first latent tiles in the scorer's registers (this Triton's
         # `wide_q_reg_tiles`), also q all in shared memory; more tiles spill.
-        if wide_q_reg_tiles(rope, environment.package_version("triton")):
+        if wide_q_reg_tiles(rope, installed_triton()):
             cands += [dict(kernel="hopper_wide", q_regs=0)]
     if heads > 32 and rope:
         # With RoPE lanes (32-row blocks) shared memory has room for a third tile, a second P

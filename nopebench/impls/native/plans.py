@@ -7,6 +7,7 @@ under results/reference/decode-tuning/.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -318,6 +319,14 @@ def wide_smem_bytes(
     return ring + tiles + p_tiles + (p_bufs + 1) * WIDE_BLOCK_H * 4 + 1024
 
 
+@functools.cache
+def installed_triton() -> str | None:
+    """The installed Triton's version, read once (plans are made on every uncached decode)."""
+    from nopebench import environment
+
+    return environment.package_version("triton")
+
+
 def wide_q_reg_tiles(rope: bool, triton_version: str | None) -> int:
     """q's latent tiles the 64-head kernel's scorer holds in registers under this Triton (none
     for an unmeasured or unknown version: the rest of the kernel is the same)."""
@@ -346,9 +355,7 @@ def plan_hopper_wide(
     q's latent tiles the scorer keeps in registers, by default `wide_q_reg_tiles` for the
     installed Triton."""
     if q_regs is None:
-        from nopebench import environment
-
-        q_regs = wide_q_reg_tiles(rope, environment.package_version("triton"))
+        q_regs = wide_q_reg_tiles(rope, installed_triton())
     if not 0 <= q_regs <= 3:
         raise ValueError(f"the scorer holds 0 to 3 of q's latent tiles in registers, not {q_regs}")
     block_n = wide_block_n(rope)
