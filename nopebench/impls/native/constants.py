@@ -43,6 +43,6 @@ WIDE_P_BUFS = 1  # P tiles handed from the scorer to the right warpgroup
 WIDE_RING_ROWS = 16  # its producer's ring slot: 4 rows per warp, one warpgroup
 # q's 128-lane latent tiles the scorer holds in registers as the score product's A operand (the
 # rest stays in shared memory), by Triton (major, minor): (NoPE rows, RoPE rows). Under Triton
-# 3.6 on the H200 one tile made NoPE rows 1-2% faster and two made RoPE rows 2-5% faster; one
+# 3.6 on the H200 one tile made NoPE rows up to 3% faster, two made RoPE rows 2-5% faster; one
 # more spills. Triton 3.9's scorer spills with even one; it and unmeasured versions take none.
 WIDE_Q_REG_TILES = {(3, 6): (1, 2)}
