@@ -39,6 +39,12 @@ def package_version(name: str) -> str | None:
         return None
 
 
+def version_numbers(version: str | None, count: int) -> tuple[int, ...]:
+    """The first `count` numbers of a version string ('3.6.0+git' -> (3, 6) for 2); fewer when
+    it has fewer, () for None."""
+    return tuple(int(part) for part in re.findall(r"\d+", version or "")[:count])
+
+
 def git_state() -> dict[str, Any]:
     """Commit and dirty flag of the checkout the harness runs from (None outside git).
 

@@ -22,7 +22,6 @@ On an SM120 GPU the public call runs the real kernel on CUDA tensors instead.
 from __future__ import annotations
 
 import inspect
-import re
 import traceback
 from dataclasses import dataclass, field
 
@@ -91,10 +90,6 @@ class SizingVerdict:
 
 def flashinfer_version() -> str | None:
     return environment.package_version("flashinfer-python")
-
-
-def _version_tuple(text: str | None) -> tuple[int, ...]:
-    return tuple(int(part) for part in re.findall(r"\d+", text or "")[:3])
 
 
 def _core():
@@ -202,7 +197,7 @@ def call_private(layout: Layout, heads: int, sizing: PageTableSizing) -> Outcome
     version = flashinfer_version()
     core = _core()
     fn = getattr(core, PRIVATE_VALIDATOR, None) if core is not None else None
-    if fn is None or _version_tuple(version) < MIN_VERSION:
+    if fn is None or environment.version_numbers(version, 3) < MIN_VERSION:
         return Outcome(entry, "skipped", f"not available in flashinfer {version}")
     kwargs = _sm120_kwargs(layout, heads, sizing, torch.device("cpu"))
     extra = dict(

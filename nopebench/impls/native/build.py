@@ -66,8 +66,7 @@ def older_triton_extra(version: str | None) -> int:
     version counts as a recent one: the stricter check)."""
     if version is None:
         return TRITON_36_EXTRA_SHARED
-    major, minor = (int(part) for part in re.findall(r"\d+", version)[:2])
-    return TRITON_36_EXTRA_SHARED if (major, minor) >= (3, 8) else 0
+    return TRITON_36_EXTRA_SHARED if environment.version_numbers(version, 2) >= (3, 8) else 0
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,9 @@ under results/reference/decode-tuning/.
 from __future__ import annotations
 
 import functools
-import re
 from dataclasses import dataclass
 
+from nopebench import environment
 from nopebench.impls.native.constants import (
     DEFAULT_SMS,
     HOPPER_SMEM,
@@ -322,16 +322,13 @@ def wide_smem_bytes(
 @functools.cache
 def installed_triton() -> str | None:
     """The installed Triton's version, read once (plans are made on every uncached decode)."""
-    from nopebench import environment
-
     return environment.package_version("triton")
 
 
 def wide_q_reg_tiles(rope: bool, triton_version: str | None) -> int:
     """q's latent tiles the 64-head kernel's scorer holds in registers under this Triton (none
     for an unmeasured or unknown version: the rest of the kernel is the same)."""
-    numbers = re.findall(r"\d+", triton_version or "")
-    key = (int(numbers[0]), int(numbers[1])) if len(numbers) >= 2 else None
+    key = environment.version_numbers(triton_version, 2)
     return WIDE_Q_REG_TILES.get(key, (0, 0))[int(rope)]
 
 
