@@ -202,6 +202,36 @@ def test_64_head_scorer_holds_q_tiles_in_registers_where_measured():
         plan_hopper_wide(512, 64, 2176, q_regs=4)
 
 
+def test_64_head_output_warpgroups_split_off_and_dequantize_for_nope_rows_only():
+    """NoPE rows: both output halves in warpgroups of their own, each dequantizing
+    WIDE_HELP_ROWS rows of every block beside the producer (measured faster on the H200);
+    RoPE rows keep the scorer's left half and the producer alone (measured slower split).
+    The launch gives the producer the rows the helpers leave, and a fourth warpgroup's share
+    of the register file."""
+    from nopebench.impls.native import hopper_wide_decode as wide
+    from nopebench.impls.native.constants import WIDE_HELP_ROWS
+
+    nope, shim = plan_hopper_wide(512, 64, 2176), plan_hopper_wide(512, 64, 2176, rope=True)
+    assert (nope.pv_split, nope.helpers) == (True, WIDE_HELP_ROWS)
+    assert (shim.pv_split, shim.helpers) == (False, 0)
+    assert plan_hopper_wide(512, 64, 2176, pv_split=False).helpers == 0
+    assert plan_hopper_wide(512, 64, 2176, helpers=0).pv_split
+    constants, options = wide.launch_constants(nope, 528)
+    assert (constants["PV_SPLIT"], constants["HELPERS"]) == (True, WIDE_HELP_ROWS)
+    assert options["maxnreg"] == wide.launch_regs(True) == 128
+    assert wide.launch_constants(shim, 656)[1]["maxnreg"] == wide.LAUNCH_REGS == 168
+    # The register split: scorer, two output halves and the producer share 512 a thread.
+    regs = 4 * options["maxnreg"] - 2 * constants["R_REGS"] - constants["P_REGS"]
+    assert regs >= 96 + 8 * (nope.q_regs > 0)
+    for bad, match in (
+        (dict(helpers=24), "0, 8 or 16"),
+        (dict(pv_split=False, helpers=8), "pv_split only"),
+        (dict(rope=True, pv_split=True, helpers=8), "NoPE rows"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            plan_hopper_wide(512, 64, 2176, **bad)
+
+
 def record_launches(
     monkeypatch, module, kernel: str, heads: int, tokens: int, plan, rope: int = 0
 ) -> list:
@@ -544,7 +574,9 @@ def gpu_plan(kernel: str, tokens: int, heads: int, width: int, rope: int):
     """The launch plan of one of the four kernels (hopper_ws: its planned form, at 16 heads per
     program the role split; hopper_ws_one: one consumer; hopper_wide: 64 heads per program, fewer
     heads masked; hopper_wide_smem_q: the same with all of q in shared memory, as Tritons other
-    than the measured one run it), for the rows' QK width; the Hopper ones are skipped off SM90."""
+    than the measured one run it; hopper_wide_scorer_pv: the scorer runs the left output half
+    and the producer dequantizes alone, as for RoPE rows), for the rows' QK width; the Hopper
+    ones are skipped off SM90."""
     from nopebench.impls.native.adapter import hopper_available
     from nopebench.impls.native.plans import plan_hopper
 
@@ -555,7 +587,10 @@ def gpu_plan(kernel: str, tokens: int, heads: int, width: int, rope: int):
         pytest.skip("the Hopper kernels need an SM90 GPU and Triton's Gluon")
     if kernel.startswith("hopper_wide"):
         q_regs = 0 if kernel == "hopper_wide_smem_q" else None
-        return plan_hopper_wide(tokens, heads, width, sms, rope=bool(rope), q_regs=q_regs)
+        pv_split = False if kernel == "hopper_wide_scorer_pv" else None
+        return plan_hopper_wide(
+            tokens, heads, width, sms, rope=bool(rope), q_regs=q_regs, pv_split=pv_split
+        )
     if kernel.startswith("hopper_ws"):
         return plan_hopper_ws(
             tokens,
@@ -571,7 +606,15 @@ def gpu_plan(kernel: str, tokens: int, heads: int, width: int, rope: int):
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "kernel",
-    ["triton", "hopper", "hopper_ws", "hopper_ws_one", "hopper_wide", "hopper_wide_smem_q"],
+    [
+        "triton",
+        "hopper",
+        "hopper_ws",
+        "hopper_ws_one",
+        "hopper_wide",
+        "hopper_wide_smem_q",
+        "hopper_wide_scorer_pv",
+    ],
 )
 @pytest.mark.parametrize("heads, tokens, width, rope, row_bytes", GPU_GRID)
 def test_native_matches_reference_on_gpu(heads, tokens, width, rope, row_bytes, kernel):

@@ -125,6 +125,14 @@ def hopper_variants(
         # `wide_q_reg_tiles`), also q all in shared memory; more tiles spill.
         if wide_q_reg_tiles(rope, installed_triton()):
             cands += [dict(kernel="hopper_wide", q_regs=0)]
+    if heads > 32 and not rope:
+        # NoPE rows' output warpgroups: the scorer running the left half itself (as for RoPE
+        # rows), split off without dequantizing, and dequantizing 16 rows each.
+        cands += [
+            dict(kernel="hopper_wide", pv_split=False),
+            dict(kernel="hopper_wide", helpers=0),
+            dict(kernel="hopper_wide", helpers=16),
+        ]
     if heads > 32 and rope:
         # With RoPE lanes (32-row blocks) shared memory has room for a third tile, a second P
         # tile or both, at the cost of ring slots.
@@ -208,7 +216,7 @@ def build_plan(tokens: int, heads: int, v: dict, rope: bool = False) -> LaunchPl
             slots=v.get("slots"),
             splits=v.get("splits"),
             rope=rope,
-            **{k: v[k] for k in ("kv_bufs", "p_bufs", "q_regs") if k in v},
+            **{k: v[k] for k in ("kv_bufs", "p_bufs", "q_regs", "pv_split", "helpers") if k in v},
         )
     if v.get("kernel") == "hopper_ws":
         return plan_hopper_ws(
@@ -376,6 +384,8 @@ def main() -> int:
                             "kv_bufs",
                             "p_bufs",
                             "q_regs",
+                            "pv_split",
+                            "helpers",
                             "passed",
                             "max_abs_err",
                             "median_ms",
@@ -399,6 +409,7 @@ def main() -> int:
             f"H={h:<4} T={t:<4} {m:5} {b.median_ms:.4f} ms  bn={b.block_n} w={b.num_warps} "
             f"pf={b.prefetch} "
             f"st={b.num_stages} sp={b.splits} kv={b.kv_bufs} p={b.p_bufs} q={b.q_regs} "
+            f"pv={b.pv_split} h={b.helpers} "
             f"{b.kernel}{' split' if b.role_split else ''} "
             f"{b.tbps:.2f} TB/s "
             f"{b.tflops:.0f} TFLOP/s"

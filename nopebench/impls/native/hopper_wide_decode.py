@@ -36,13 +36,20 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from nopebench.impls.native.hopper_decode import TILE, _load_idx, _softmax_step, _stage_q
+from nopebench.impls.native.hopper_decode import (
+    SCALE_OFFSET,
+    TILE,
+    _load_idx,
+    _softmax_step,
+    _stage_q,
+)
 from nopebench.impls.native.hopper_ws_decode import (
     _item,
     _producer,
     _producer_buffers,
     _q_rope_buffer,
     _stream,
+    _tile_scale,
     blocks_in_use,
 )
 
@@ -52,7 +59,15 @@ PRODUCER_WARPS = 4  # 16-row ring slots
 # partition) gets the rest of the 64K register file, 248. A right warpgroup with 152 made
 # ptxas serialise its wgmma (Triton 3.6), a producer with 88 made Triton 3.9 spill.
 PRODUCER_REGS, RIGHT_REGS = 96, 160
-LAUNCH_REGS = 65536 // (32 * (8 + PRODUCER_WARPS)) // 8 * 8
+
+
+def launch_regs(pv_split: bool) -> int:
+    """Registers per thread at launch: the 64K register file over all the warps (multiple of 8);
+    with `pv_split` a fourth warpgroup runs the left half of the output product."""
+    return 65536 // (32 * (12 if pv_split else 8) + 32 * PRODUCER_WARPS) // 8 * 8
+
+
+LAUNCH_REGS = launch_regs(False)
 
 
 def launch_constants(plan, row_bytes: int) -> tuple[dict, dict]:
@@ -68,11 +83,103 @@ def launch_constants(plan, row_bytes: int) -> tuple[dict, dict]:
         P_BUFS=plan.p_bufs,
         RING_SLOTS=plan.num_stages,
         P_WARPS=PRODUCER_WARPS,
-        P_REGS=PRODUCER_REGS,
+        # With both halves on their own warpgroups the scorer gets 512 - 2 * 160 - P_REGS: 8
+        # more from the producer when it holds q tiles in registers.
+        P_REGS=PRODUCER_REGS - 8 if plan.pv_split and plan.q_regs else PRODUCER_REGS,
         R_REGS=RIGHT_REGS,
         Q_REGS=plan.q_regs,
+        PV_SPLIT=plan.pv_split,
+        HELPERS=plan.helpers,  # rows of every block each output warpgroup dequantizes
     )
-    return constants, {"num_warps": 4, "maxnreg": LAUNCH_REGS}
+    return constants, {"num_warps": 4, "maxnreg": launch_regs(plan.pv_split)}
+
+
+@gluon.jit
+def _load_rows(
+    cache_ptr,
+    idx_row,
+    n0,
+    end,
+    ROW_BYTES: gl.constexpr,
+    SUB: gl.constexpr,
+    words: gl.constexpr,
+    deq_scales: gl.constexpr,
+):
+    """Loads the SUB rows that entries n0.. name straight into registers, in the layout they are
+    dequantized in: each row's four 128-byte fp8 tiles as int32 words (four e4m3 values each, 8
+    bytes a thread a tile, so they stay packed in registers while in flight) and its four fp32
+    scales, cached in L2 only. Rows whose entry is -1 or past `end` are not read; they come back
+    as zeros, scales included, so they dequantize to zero."""
+    idx = _load_idx(idx_row, n0, end, SUB, gl.SliceLayout(1, words))
+    valid = idx >= 0
+    row = cache_ptr + gl.where(valid, idx, 0).to(gl.int64) * ROW_BYTES
+    cols = gl.arange(0, TILE // 4, layout=gl.SliceLayout(0, words))
+    mask = gl.expand_dims(valid, 1) & gl.expand_dims(cols >= 0, 0)
+    ptrs = gl.expand_dims(row.to(gl.pointer_type(gl.int32)), 1) + gl.expand_dims(cols, 0)
+    k0 = gl.load(ptrs, mask=mask, other=0, cache_modifier=".cg")
+    k1 = gl.load(ptrs + TILE // 4, mask=mask, other=0, cache_modifier=".cg")
+    k2 = gl.load(ptrs + 2 * (TILE // 4), mask=mask, other=0, cache_modifier=".cg")
+    k3 = gl.load(ptrs + 3 * (TILE // 4), mask=mask, other=0, cache_modifier=".cg")
+    srow = gl.convert_layout(row, gl.SliceLayout(1, deq_scales))
+    svalid = gl.convert_layout(valid, gl.SliceLayout(1, deq_scales))
+    lanes = gl.arange(0, 4, layout=gl.SliceLayout(0, deq_scales))
+    sptrs = gl.expand_dims((srow + SCALE_OFFSET).to(gl.pointer_type(gl.float32)), 1)
+    smask = gl.expand_dims(svalid, 1) & gl.expand_dims(lanes >= 0, 0)
+    scales = gl.load(sptrs + gl.expand_dims(lanes, 0), mask=smask, other=0.0, cache_modifier=".cg")
+    return k0, k1, k2, k3, scales
+
+
+@gluon.jit
+def _dequantize_words(w, scale):
+    """Each int32 of `w` holds four e4m3 values: each times `scale`, rounded to bf16 as the
+    reference rounds (e4m3 -> f16 -> fp32 are exact, then one fp32 product, then bf16), returned
+    as four bf16 tensors (values 0, 1, 2, 3 of each word)."""
+    return gl.inline_asm_elementwise(
+        """
+        {
+        .reg .b16 lo, hi, a, b, c, d;
+        .reg .b32 p, q, r, s;
+        .reg .f32 fa, fb, fc, fd;
+        mov.b32 {lo, hi}, $4;
+        cvt.rn.f16x2.e4m3x2 p, lo;
+        cvt.rn.f16x2.e4m3x2 q, hi;
+        mov.b32 {a, b}, p;
+        mov.b32 {c, d}, q;
+        cvt.f32.f16 fa, a;
+        cvt.f32.f16 fb, b;
+        cvt.f32.f16 fc, c;
+        cvt.f32.f16 fd, d;
+        mul.rn.f32 fa, fa, $5;
+        mul.rn.f32 fb, fb, $5;
+        mul.rn.f32 fc, fc, $5;
+        mul.rn.f32 fd, fd, $5;
+        cvt.rn.bf16x2.f32 r, fb, fa;
+        cvt.rn.bf16x2.f32 s, fd, fc;
+        mov.b32 {$0, $1}, r;
+        mov.b32 {$2, $3}, s;
+        }
+        """,
+        "=h,=h,=h,=h,r,f",
+        [w, scale],
+        dtype=(gl.bfloat16, gl.bfloat16, gl.bfloat16, gl.bfloat16),
+        is_pure=True,
+        pack=1,
+    )
+
+
+@gluon.jit
+def _store_rows(
+    rows, kv_bufs, b, row0, SUB: gl.constexpr, words: gl.constexpr, deq_scales: gl.constexpr
+):
+    """Dequantizes `_load_rows`' registers into rows row0.. of tile b: 16 bytes a thread a row
+    a tile, one store."""
+    tile_of = gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, deq_scales)), 0)
+    for t in gl.static_range(4):
+        scale = gl.convert_layout(_tile_scale(rows[4], tile_of, t, True), gl.SliceLayout(1, words))
+        v0, v1, v2, v3 = _dequantize_words(rows[t], gl.expand_dims(scale, 1))
+        # (value j of word i goes to lane 4 i + j)
+        vals = gl.reshape(gl.join(gl.join(v0, v2), gl.join(v1, v3)), [SUB, TILE])
+        kv_bufs[t].index(b).slice(row0, SUB).store(vals)
 
 
 @gluon.jit
@@ -166,6 +273,78 @@ def _store_half(
 
 
 @gluon.jit
+def _scores_and_left(
+    q_smem,
+    qa,
+    qr_smem,
+    kv_bufs,
+    rope_bufs,
+    p_smem,
+    a_smem,
+    full_bars,
+    empty_bars,
+    p_full,
+    p_empty,
+    m_i,
+    l_i,
+    idx_row,
+    start,
+    end,
+    blocks,
+    qk_scale_log2,
+    BLOCK_N: gl.constexpr,
+    ROPE: gl.constexpr,
+    s_layout: gl.constexpr,
+    o_layout: gl.constexpr,
+    Q_REGS: gl.constexpr,
+):
+    """The scorer's loop when it also runs the left half of O: returns that half and the
+    softmax state."""
+    keys: gl.constexpr = gl.SliceLayout(0, s_layout)
+    idx_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    bufs: gl.constexpr = kv_bufs[0].shape[0]
+    p_regs: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    oa = gl.zeros([BLOCK_H, TILE], gl.float32, o_layout)
+    ob = gl.zeros([BLOCK_H, TILE], gl.float32, o_layout)
+    # The producer can refill a tile only once both halves of the output product have read it,
+    # so block i - 1's left product is waited for (and its tile given back) before block i's
+    # scores are issued: faster on the H200 than waiting for both halves together. (Issuing
+    # block i + 1's scores before block i's softmax measured slower: the per-block waits
+    # dominate.)
+    valid = gl.convert_layout(_load_idx(idx_row, start, end, BLOCK_N, idx_l) >= 0, keys)
+    s = _block_scores(
+        q_smem, qa, qr_smem, kv_bufs, rope_bufs, full_bars, 0, BLOCK_N, ROPE, s_layout, Q_REGS
+    )
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+    p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, qk_scale_log2, KEYS=1)
+    p16 = _hand_over(p, alpha, p_smem, a_smem, p_full, p_empty, 0)
+    for i in range(1, blocks):
+        valid = gl.convert_layout(
+            _load_idx(idx_row, start + i * BLOCK_N, end, BLOCK_N, idx_l) >= 0, keys
+        )
+        prev = (i - 1) % bufs
+        oa, ob = _half_product(
+            gl.convert_layout(p16, p_regs), kv_bufs, prev, oa, ob, alpha, 0, o_layout
+        )
+        oa, ob = warpgroup_mma_wait(num_outstanding=0, deps=(oa, ob))
+        mbarrier.arrive(empty_bars.index(prev), count=1)
+        s = _block_scores(
+            q_smem, qa, qr_smem, kv_bufs, rope_bufs, full_bars, i, BLOCK_N, ROPE, s_layout, Q_REGS
+        )
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+        p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, qk_scale_log2, KEYS=1)
+        p16 = _hand_over(p, alpha, p_smem, a_smem, p_full, p_empty, i)
+    last = (blocks - 1) % bufs
+    oa, ob = _half_product(
+        gl.convert_layout(p16, p_regs), kv_bufs, last, oa, ob, alpha, 0, o_layout
+    )
+    oa, ob = warpgroup_mma_wait(num_outstanding=0, deps=(oa, ob))
+    mbarrier.arrive(empty_bars.index(last), count=1)
+
+    return oa, ob, m_i, l_i
+
+
+@gluon.jit
 def _scorer(
     q_ptr,
     out_ptr,
@@ -206,22 +385,20 @@ def _scorer(
     o_layout: gl.constexpr,
     q_layout: gl.constexpr,
     Q_REGS: gl.constexpr,
+    OWN_PV: gl.constexpr,
 ):
-    """Scores, online softmax and the left half of O; with ROPE it stages q's RoPE lanes."""
+    """Scores, online softmax and (OWN_PV) the left half of O; with ROPE it stages q's RoPE
+    lanes. Without OWN_PV a warpgroup of its own runs the left half (`_half`), as the right."""
     keys: gl.constexpr = gl.SliceLayout(0, s_layout)
     # The block's index entries are loaded one or two per thread and then spread to the score
     # layout: loaded straight into it, 16 per thread, their addresses stay live across the loop
     # and Triton 3.9 spills them.
     idx_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    bufs: gl.constexpr = kv_bufs[0].shape[0]
-    p_regs: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     pid, nprog, splits, items = _stream(tokens, width, entries_per_split, HEAD_BLOCKS, ONE_SPLIT)
     tok, hb, split, idx_row, start, end = _item(
         pid, idx_ptr, width, entries_per_split, stride_it, splits, HEAD_BLOCKS
     )
     blocks = blocks_in_use(idx_row, start, end, BLOCKS, BLOCK_N, 4)
-    oa = gl.zeros([BLOCK_H, TILE], gl.float32, o_layout)
-    ob = gl.zeros([BLOCK_H, TILE], gl.float32, o_layout)
     if ROPE:
         # Here rather than with the rest of q in the right warpgroup: staged there, Triton 3.9
         # spilled 16 bytes of the producer's addresses (the two share a prologue).
@@ -255,48 +432,76 @@ def _scorer(
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(1, s_layout))
 
-    # The producer can refill a tile only once both halves of the output product have read it,
-    # so block i - 1's left product is waited for (and its tile given back) before block i's
-    # scores are issued: faster on the H200 than waiting for both halves together. (Issuing
-    # block i + 1's scores before block i's softmax measured slower: the per-block waits
-    # dominate.)
-    valid = gl.convert_layout(_load_idx(idx_row, start, end, BLOCK_N, idx_l) >= 0, keys)
-    s = _block_scores(
-        q_smem, qa, qr_smem, kv_bufs, rope_bufs, full_bars, 0, BLOCK_N, ROPE, s_layout, Q_REGS
-    )
-    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-    p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, qk_scale_log2, KEYS=1)
-    p16 = _hand_over(p, alpha, p_smem, a_smem, p_full, p_empty, 0)
-    for i in range(1, blocks):
-        valid = gl.convert_layout(
-            _load_idx(idx_row, start + i * BLOCK_N, end, BLOCK_N, idx_l) >= 0, keys
+    if OWN_PV:
+        oa, ob, m_i, l_i = _scores_and_left(
+            q_smem,
+            qa,
+            qr_smem,
+            kv_bufs,
+            rope_bufs,
+            p_smem,
+            a_smem,
+            full_bars,
+            empty_bars,
+            p_full,
+            p_empty,
+            m_i,
+            l_i,
+            idx_row,
+            start,
+            end,
+            blocks,
+            qk_scale_log2,
+            BLOCK_N,
+            ROPE,
+            s_layout,
+            o_layout,
+            Q_REGS,
         )
-        prev = (i - 1) % bufs
-        oa, ob = _half_product(
-            gl.convert_layout(p16, p_regs), kv_bufs, prev, oa, ob, alpha, 0, o_layout
-        )
-        oa, ob = warpgroup_mma_wait(num_outstanding=0, deps=(oa, ob))
-        mbarrier.arrive(empty_bars.index(prev), count=1)
-        s = _block_scores(
-            q_smem, qa, qr_smem, kv_bufs, rope_bufs, full_bars, i, BLOCK_N, ROPE, s_layout, Q_REGS
-        )
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, qk_scale_log2, KEYS=1)
-        p16 = _hand_over(p, alpha, p_smem, a_smem, p_full, p_empty, i)
-    last = (blocks - 1) % bufs
-    oa, ob = _half_product(
-        gl.convert_layout(p16, p_regs), kv_bufs, last, oa, ob, alpha, 0, o_layout
-    )
-    oa, ob = warpgroup_mma_wait(num_outstanding=0, deps=(oa, ob))
-    mbarrier.arrive(empty_bars.index(last), count=1)
+    else:
+        # Scores and softmax only: block i + 1's scores are issued as soon as block i's P is
+        # handed over, while the two output warpgroups run block i's product.
+        for i in range(blocks):
+            valid = gl.convert_layout(
+                _load_idx(idx_row, start + i * BLOCK_N, end, BLOCK_N, idx_l) >= 0, keys
+            )
+            s = _block_scores(
+                q_smem,
+                qa,
+                qr_smem,
+                kv_bufs,
+                rope_bufs,
+                full_bars,
+                i,
+                BLOCK_N,
+                ROPE,
+                s_layout,
+                Q_REGS,
+            )
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+            p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, qk_scale_log2, KEYS=1)
+            _hand_over(p, alpha, p_smem, a_smem, p_full, p_empty, i)
 
     has = l_i > 0
     inv = gl.where(has, 1.0 / gl.where(has, l_i, 1.0), 0.0)
     inv_smem.store(inv)
     mbarrier.arrive(fin_bar, count=1)
-    _store_half(
-        oa, ob, inv, out_ptr, tok, hb, split, heads, stride_ot, stride_oh, stride_os, 0, o_layout
-    )
+    if OWN_PV:
+        _store_half(
+            oa,
+            ob,
+            inv,
+            out_ptr,
+            tok,
+            hb,
+            split,
+            heads,
+            stride_ot,
+            stride_oh,
+            stride_os,
+            0,
+            o_layout,
+        )
     lse = gl.where(
         has, (m_i + gl.log2(gl.where(has, l_i, 1.0))) / 1.4426950408889634, float("-inf")
     )
@@ -309,7 +514,7 @@ def _scorer(
 
 
 @gluon.jit
-def _right(
+def _half(
     q_ptr,
     out_ptr,
     idx_ptr,
@@ -333,38 +538,85 @@ def _right(
     stride_ot,
     stride_oh,
     stride_os,
+    cache_ptr,
+    full_bars,
     BLOCKS: gl.constexpr,
     HEAD_BLOCKS: gl.constexpr,
     ONE_SPLIT: gl.constexpr,
     o_layout: gl.constexpr,
     q_layout: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    ROW_BYTES: gl.constexpr,
+    HALF: gl.constexpr,
+    HELP: gl.constexpr,
 ):
-    """Stages q's latent lanes for the scorer (which keeps its registers for the loop), then the
-    right half of O from the P the scorer shares; the tile goes back after each block."""
+    """One half of O (HALF 1: the right, 0: the left) from the P the scorer shares; the tile
+    goes back after each block. The right warpgroup first stages q's latent lanes for the scorer
+    (which keeps its registers for the loop)."""
     pid, nprog, splits, items = _stream(tokens, width, entries_per_split, HEAD_BLOCKS, ONE_SPLIT)
     tok, hb, split, idx_row, start, end = _item(
         pid, idx_ptr, width, entries_per_split, stride_it, splits, HEAD_BLOCKS
     )
-    _stage_q(q_ptr, q_smem, q_smem, tok, hb, heads, stride_qt, stride_qh, BLOCK_H, False, q_layout)
-    fence_async_shared()  # generic-proxy stores -> the scorer's wgmma
-    mbarrier.arrive(q_bar, count=1)
+    if HALF == 1:
+        _stage_q(
+            q_ptr, q_smem, q_smem, tok, hb, heads, stride_qt, stride_qh, BLOCK_H, False, q_layout
+        )
+        fence_async_shared()  # generic-proxy stores -> the scorer's wgmma
+        mbarrier.arrive(q_bar, count=1)
     blocks = blocks_in_use(idx_row, start, end, BLOCKS, kv_bufs[0].shape[1], 4)
     oa = gl.zeros([BLOCK_H, TILE], gl.float32, o_layout)
     ob = gl.zeros([BLOCK_H, TILE], gl.float32, o_layout)
     bufs: gl.constexpr = kv_bufs[0].shape[0]
     p_bufs: gl.constexpr = p_smem.shape[0]
+    if HELP > 0:
+        # This warpgroup also dequantizes HELP rows of every block (rows row0.., the producer the
+        # rest), loaded straight into registers two blocks ahead: while it waits for P and runs
+        # its product they are in flight, and the tile they go to is the one just released.
+        words: gl.constexpr = gl.BlockedLayout([1, 2], [2, 16], [4, 1], [1, 0])
+        deq_scales: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])
+        row0: gl.constexpr = BLOCK_N - (2 - HALF) * HELP
+        for b0 in gl.static_range(bufs):  # the first blocks' rows: every tile starts free
+            rows = _load_rows(
+                cache_ptr,
+                idx_row,
+                start + b0 * BLOCK_N + row0,
+                end,
+                ROW_BYTES,
+                HELP,
+                words,
+                deq_scales,
+            )
+            _store_rows(rows, kv_bufs, b0, row0, HELP, words, deq_scales)
+            fence_async_shared()
+            mbarrier.arrive(full_bars.index(b0), count=1)
     for i in range(blocks):
         pb = i % p_bufs
+        if HELP > 0:
+            ahead = _load_rows(
+                cache_ptr,
+                idx_row,
+                start + (i + bufs) * BLOCK_N + row0,
+                end,
+                ROW_BYTES,
+                HELP,
+                words,
+                deq_scales,
+            )
         mbarrier.wait(p_full.index(pb), (i // p_bufs) & 1)
         alpha = a_smem.index(pb).load(gl.SliceLayout(1, o_layout))
-        oa, ob = _half_product(p_smem.index(pb), kv_bufs, i % bufs, oa, ob, alpha, 1, o_layout)
+        oa, ob = _half_product(p_smem.index(pb), kv_bufs, i % bufs, oa, ob, alpha, HALF, o_layout)
         oa, ob = warpgroup_mma_wait(num_outstanding=0, deps=(oa, ob))
         mbarrier.arrive(p_empty.index(pb), count=1)
         mbarrier.arrive(empty_bars.index(i % bufs), count=1)
+        if HELP > 0 and i + bufs < blocks:  # block i + bufs's rows, once the tile is free
+            mbarrier.wait(empty_bars.index(i % bufs), (i // bufs) & 1)
+            _store_rows(ahead, kv_bufs, i % bufs, row0, HELP, words, deq_scales)
+            fence_async_shared()
+            mbarrier.arrive(full_bars.index(i % bufs), count=1)
     mbarrier.wait(fin_bar, 0)
     inv = inv_smem.load(gl.SliceLayout(1, o_layout))
     _store_half(
-        oa, ob, inv, out_ptr, tok, hb, split, heads, stride_ot, stride_oh, stride_os, 1, o_layout
+        oa, ob, inv, out_ptr, tok, hb, split, heads, stride_ot, stride_oh, stride_os, HALF, o_layout
     )
 
 
@@ -401,6 +653,8 @@ def hopper_wide_decode_kernel(
     P_REGS: gl.constexpr,
     R_REGS: gl.constexpr,
     Q_REGS: gl.constexpr,
+    PV_SPLIT: gl.constexpr,
+    HELPERS: gl.constexpr,
 ):
     # ROPE: 576-wide QK (the rows' RoPE lanes against q's last 64; the output reads the 512
     # latent lanes only), else 512-wide NoPE.
@@ -434,123 +688,298 @@ def hopper_wide_decode_kernel(
     p_empty = gl.allocate_shared_memory(gl.int64, [P_BUFS, 1], mbarrier.MBarrierLayout())
     fin_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    # With HELPERS both output warpgroups dequantize HELP rows of every block beside the producer.
+    HELP: gl.constexpr = HELPERS
     for b in gl.static_range(KV_BUFS):
-        mbarrier.init(full_bars.index(b), count=1)
+        mbarrier.init(full_bars.index(b), count=3 if HELPERS else 1)
         mbarrier.init(empty_bars.index(b), count=2)  # both output halves read the tile
     for b in gl.static_range(P_BUFS):
         mbarrier.init(p_full.index(b), count=1)
-        mbarrier.init(p_empty.index(b), count=1)
+        mbarrier.init(p_empty.index(b), count=2 if PV_SPLIT else 1)  # the warpgroups P is for
     mbarrier.init(fin_bar, count=1)
     mbarrier.init(q_bar, count=1)
 
-    gl.warp_specialize(
-        [
-            (
-                _scorer,
+    # (Tuples of the partitions' arguments would lose their constexpr-ness, so each branch
+    # lists them. The producer fills the ring sub-blocks the output warpgroups leave, HELP
+    # rows each.)
+    if PV_SPLIT:
+        gl.warp_specialize(
+            [
                 (
-                    q_ptr,
-                    out_ptr,
-                    lse_ptr,
-                    idx_ptr,
-                    q_smem,
-                    qr_smem,
-                    kv_bufs,
-                    rope_bufs,
-                    p_smem,
-                    a_smem,
-                    inv_smem,
-                    full_bars,
-                    empty_bars,
-                    p_full,
-                    p_empty,
-                    fin_bar,
-                    q_bar,
-                    heads,
-                    width,
-                    entries_per_split,
-                    qk_scale_log2,
-                    tokens,
-                    stride_qt,
-                    stride_qh,
-                    stride_it,
-                    stride_ot,
-                    stride_oh,
-                    stride_os,
-                    stride_lt,
-                    stride_ls,
-                    BLOCK_N,
-                    BLOCKS,
-                    HEAD_BLOCKS,
-                    ONE_SPLIT,
-                    ROPE,
-                    s_layout,
-                    o_layout,
-                    q_layout,
-                    Q_REGS,
+                    _scorer,
+                    (
+                        q_ptr,
+                        out_ptr,
+                        lse_ptr,
+                        idx_ptr,
+                        q_smem,
+                        qr_smem,
+                        kv_bufs,
+                        rope_bufs,
+                        p_smem,
+                        a_smem,
+                        inv_smem,
+                        full_bars,
+                        empty_bars,
+                        p_full,
+                        p_empty,
+                        fin_bar,
+                        q_bar,
+                        heads,
+                        width,
+                        entries_per_split,
+                        qk_scale_log2,
+                        tokens,
+                        stride_qt,
+                        stride_qh,
+                        stride_it,
+                        stride_ot,
+                        stride_oh,
+                        stride_os,
+                        stride_lt,
+                        stride_ls,
+                        BLOCK_N,
+                        BLOCKS,
+                        HEAD_BLOCKS,
+                        ONE_SPLIT,
+                        ROPE,
+                        s_layout,
+                        o_layout,
+                        q_layout,
+                        Q_REGS,
+                        not PV_SPLIT,
+                    ),
                 ),
-            ),
-            (
-                _right,
                 (
-                    q_ptr,
-                    out_ptr,
-                    idx_ptr,
-                    q_smem,
-                    kv_bufs,
-                    p_smem,
-                    a_smem,
-                    inv_smem,
-                    empty_bars,
-                    p_full,
-                    p_empty,
-                    fin_bar,
-                    q_bar,
-                    heads,
-                    width,
-                    entries_per_split,
-                    tokens,
-                    stride_qt,
-                    stride_qh,
-                    stride_it,
-                    stride_ot,
-                    stride_oh,
-                    stride_os,
-                    BLOCKS,
-                    HEAD_BLOCKS,
-                    ONE_SPLIT,
-                    o_layout,
-                    q_layout,
+                    _half,
+                    (
+                        q_ptr,
+                        out_ptr,
+                        idx_ptr,
+                        q_smem,
+                        kv_bufs,
+                        p_smem,
+                        a_smem,
+                        inv_smem,
+                        empty_bars,
+                        p_full,
+                        p_empty,
+                        fin_bar,
+                        q_bar,
+                        heads,
+                        width,
+                        entries_per_split,
+                        tokens,
+                        stride_qt,
+                        stride_qh,
+                        stride_it,
+                        stride_ot,
+                        stride_oh,
+                        stride_os,
+                        cache_ptr,
+                        full_bars,
+                        BLOCKS,
+                        HEAD_BLOCKS,
+                        ONE_SPLIT,
+                        o_layout,
+                        q_layout,
+                        BLOCK_N,
+                        ROW_BYTES,
+                        1,
+                        HELP,
+                    ),
                 ),
-            ),
-            (
-                _producer,
                 (
-                    cache_ptr,
-                    idx_ptr,
-                    width,
-                    entries_per_split,
-                    stride_it,
-                    tokens,
-                    raw_k,
-                    raw_s,
-                    raw_r,
-                    idx_ring,
-                    kv_bufs,
-                    rope_bufs,
-                    full_bars,
-                    empty_bars,
-                    BLOCK_N,
-                    BLOCKS,
-                    ROW_BYTES,
-                    ROPE,
-                    RING_SLOTS,
-                    P_WARPS,
-                    HEAD_BLOCKS,
-                    ONE_SPLIT,
-                    True,
+                    _half,
+                    (
+                        q_ptr,
+                        out_ptr,
+                        idx_ptr,
+                        q_smem,
+                        kv_bufs,
+                        p_smem,
+                        a_smem,
+                        inv_smem,
+                        empty_bars,
+                        p_full,
+                        p_empty,
+                        fin_bar,
+                        q_bar,
+                        heads,
+                        width,
+                        entries_per_split,
+                        tokens,
+                        stride_qt,
+                        stride_qh,
+                        stride_it,
+                        stride_ot,
+                        stride_oh,
+                        stride_os,
+                        cache_ptr,
+                        full_bars,
+                        BLOCKS,
+                        HEAD_BLOCKS,
+                        ONE_SPLIT,
+                        o_layout,
+                        q_layout,
+                        BLOCK_N,
+                        ROW_BYTES,
+                        0,
+                        HELP,
+                    ),
                 ),
-            ),
-        ],
-        [4, P_WARPS],
-        [R_REGS, P_REGS],
-    )
+                (
+                    _producer,
+                    (
+                        cache_ptr,
+                        idx_ptr,
+                        width,
+                        entries_per_split,
+                        stride_it,
+                        tokens,
+                        raw_k,
+                        raw_s,
+                        raw_r,
+                        idx_ring,
+                        kv_bufs,
+                        rope_bufs,
+                        full_bars,
+                        empty_bars,
+                        BLOCK_N,
+                        BLOCKS,
+                        ROW_BYTES,
+                        ROPE,
+                        RING_SLOTS,
+                        P_WARPS,
+                        HEAD_BLOCKS,
+                        ONE_SPLIT,
+                        True,
+                        0,
+                        (BLOCK_N - 2 * HELP) // SUB,
+                    ),
+                ),
+            ],
+            [4, 4, P_WARPS],
+            [R_REGS, R_REGS, P_REGS],
+        )
+    else:
+        gl.warp_specialize(
+            [
+                (
+                    _scorer,
+                    (
+                        q_ptr,
+                        out_ptr,
+                        lse_ptr,
+                        idx_ptr,
+                        q_smem,
+                        qr_smem,
+                        kv_bufs,
+                        rope_bufs,
+                        p_smem,
+                        a_smem,
+                        inv_smem,
+                        full_bars,
+                        empty_bars,
+                        p_full,
+                        p_empty,
+                        fin_bar,
+                        q_bar,
+                        heads,
+                        width,
+                        entries_per_split,
+                        qk_scale_log2,
+                        tokens,
+                        stride_qt,
+                        stride_qh,
+                        stride_it,
+                        stride_ot,
+                        stride_oh,
+                        stride_os,
+                        stride_lt,
+                        stride_ls,
+                        BLOCK_N,
+                        BLOCKS,
+                        HEAD_BLOCKS,
+                        ONE_SPLIT,
+                        ROPE,
+                        s_layout,
+                        o_layout,
+                        q_layout,
+                        Q_REGS,
+                        not PV_SPLIT,
+                    ),
+                ),
+                (
+                    _half,
+                    (
+                        q_ptr,
+                        out_ptr,
+                        idx_ptr,
+                        q_smem,
+                        kv_bufs,
+                        p_smem,
+                        a_smem,
+                        inv_smem,
+                        empty_bars,
+                        p_full,
+                        p_empty,
+                        fin_bar,
+                        q_bar,
+                        heads,
+                        width,
+                        entries_per_split,
+                        tokens,
+                        stride_qt,
+                        stride_qh,
+                        stride_it,
+                        stride_ot,
+                        stride_oh,
+                        stride_os,
+                        cache_ptr,
+                        full_bars,
+                        BLOCKS,
+                        HEAD_BLOCKS,
+                        ONE_SPLIT,
+                        o_layout,
+                        q_layout,
+                        BLOCK_N,
+                        ROW_BYTES,
+                        1,
+                        HELP,
+                    ),
+                ),
+                (
+                    _producer,
+                    (
+                        cache_ptr,
+                        idx_ptr,
+                        width,
+                        entries_per_split,
+                        stride_it,
+                        tokens,
+                        raw_k,
+                        raw_s,
+                        raw_r,
+                        idx_ring,
+                        kv_bufs,
+                        rope_bufs,
+                        full_bars,
+                        empty_bars,
+                        BLOCK_N,
+                        BLOCKS,
+                        ROW_BYTES,
+                        ROPE,
+                        RING_SLOTS,
+                        P_WARPS,
+                        HEAD_BLOCKS,
+                        ONE_SPLIT,
+                        True,
+                        0,
+                        (BLOCK_N - 2 * HELP) // SUB,
+                    ),
+                ),
+            ],
+            [4, P_WARPS],
+            [R_REGS, P_REGS],
+        )

@@ -18,6 +18,7 @@ from nopebench.impls.native.constants import (
     RING_ROW_BYTES,
     WIDE_BLOCK_H,
     WIDE_BLOCK_N,
+    WIDE_HELP_ROWS,
     WIDE_KV_BUFS,
     WIDE_P_BUFS,
     WIDE_Q_REG_TILES,
@@ -56,6 +57,8 @@ class LaunchPlan:
     kv_bufs: int = WIDE_KV_BUFS  # hopper_wide: dequantized tiles the producer cycles through
     p_bufs: int = WIDE_P_BUFS  # hopper_wide: P tiles handed from the scorer to the right warpgroup
     q_regs: int = 0  # hopper_wide: q's 128-lane latent tiles the scorer holds in registers
+    pv_split: bool = False  # hopper_wide: both output halves in warpgroups of their own
+    helpers: int = 0  # hopper_wide with pv_split: rows of every block each output warpgroup fills
 
     @property
     def programs(self) -> int:
@@ -343,6 +346,8 @@ def plan_hopper_wide(
     kv_bufs: int = WIDE_KV_BUFS,
     p_bufs: int = WIDE_P_BUFS,
     q_regs: int | None = None,
+    pv_split: bool | None = None,
+    helpers: int | None = None,
 ) -> LaunchPlan:
     """Launch shape for the 64-head SM90 kernel: as many producer ring slots as shared memory
     holds beside `kv_bufs` tiles and `p_bufs` P tiles (three for NoPE rows; WIDE_ROPE_SLOTS with
@@ -350,11 +355,24 @@ def plan_hopper_wide(
     split as `_split_one_per_sm` does. `rope`: the rows' RoPE lanes are read too (576-wide QK),
     in `wide_block_n(True)`-row blocks, since 64-row ones leave no room for the ring. `q_regs`:
     q's latent tiles the scorer keeps in registers, by default `wide_q_reg_tiles` for the
-    installed Triton."""
+    installed Triton. `pv_split`: both halves of the output product in warpgroups of their own
+    (the scorer only scores), by default for NoPE rows; `helpers`: rows of every block each of
+    them dequantizes beside the producer (0, 8 or 16; by default WIDE_HELP_ROWS with `pv_split`).
+    Both measured faster for NoPE rows and slower for RoPE rows on the H200."""
     if q_regs is None:
         q_regs = wide_q_reg_tiles(rope, installed_triton())
     if not 0 <= q_regs <= 3:
         raise ValueError(f"the scorer holds 0 to 3 of q's latent tiles in registers, not {q_regs}")
+    if pv_split is None:
+        pv_split = not rope
+    if helpers is None:
+        helpers = WIDE_HELP_ROWS if pv_split and not rope else 0
+    if helpers not in (0, 8, 16):
+        raise ValueError(
+            f"each output warpgroup dequantizes 0, 8 or 16 rows a block, not {helpers}"
+        )
+    if helpers and (rope or not pv_split):
+        raise ValueError("the output warpgroups dequantize NoPE rows, with pv_split only")
     block_n = wide_block_n(rope)
     if slots is None and rope:
         slots = WIDE_ROPE_SLOTS
@@ -384,4 +402,6 @@ def plan_hopper_wide(
         kv_bufs=kv_bufs,
         p_bufs=p_bufs,
         q_regs=q_regs,
+        pv_split=pv_split,
+        helpers=helpers,
     )
