@@ -203,17 +203,22 @@ def test_64_head_scorer_holds_q_tiles_in_registers_where_measured():
 
 
 def test_64_head_output_warpgroups_split_off_and_dequantize_for_nope_rows_only():
-    """NoPE rows: both output halves in warpgroups of their own, each dequantizing
-    WIDE_HELP_ROWS rows of every block beside the producer (measured faster on the H200);
-    RoPE rows keep the scorer's left half and the producer alone (measured slower split).
-    The launch gives the producer the rows the helpers leave, and a fourth warpgroup's share
-    of the register file."""
+    """NoPE rows in programs of WIDE_PV_SPLIT_MIN_BLOCKS blocks or more: both output halves in
+    warpgroups of their own, each dequantizing WIDE_HELP_ROWS rows of every block beside the
+    producer (measured faster on the H200). RoPE rows, and the few-block programs of split
+    plans, keep the scorer's left half and the producer alone (measured slower split). The
+    launch gives a fourth warpgroup its share of the register file."""
     from nopebench.impls.native import hopper_wide_decode as wide
-    from nopebench.impls.native.constants import WIDE_HELP_ROWS
+    from nopebench.impls.native.constants import WIDE_HELP_ROWS, WIDE_PV_SPLIT_MIN_BLOCKS
 
     nope, shim = plan_hopper_wide(512, 64, 2176), plan_hopper_wide(512, 64, 2176, rope=True)
     assert (nope.pv_split, nope.helpers) == (True, WIDE_HELP_ROWS)
     assert (shim.pv_split, shim.helpers) == (False, 0)
+    for tokens, heads in ((8, 64), (8, 128), (64, 64), (64, 128)):
+        plan = plan_hopper_wide(tokens, heads, 2176)
+        blocks = plan.entries_per_split // plan.block_n
+        assert plan.pv_split == (blocks >= WIDE_PV_SPLIT_MIN_BLOCKS), (tokens, heads, blocks)
+    assert not plan_hopper_wide(8, 64, 2176).pv_split
     assert plan_hopper_wide(512, 64, 2176, pv_split=False).helpers == 0
     assert plan_hopper_wide(512, 64, 2176, helpers=0).pv_split
     constants, options = wide.launch_constants(nope, 528)

@@ -3,22 +3,26 @@ across two warpgroups, beside a producer.
 
 At 64 heads the single-role kernel (`hopper_decode.py`) runs gather, dequantization, scores,
 softmax and output product one after another in the same warps; its phase probes on the H200
-(results/reference/decode-tuning/hopper/probes-h64-t512.log) add up. Here three warpgroups run
-at once (the split FlashMLA's SM90 sparse decode uses):
+(results/reference/decode-tuning/hopper/probes-h64-t512.log) add up. Here the roles run at once
+(the split FlashMLA's SM90 sparse decode uses), in one of two forms:
 
 - the producer (one warpgroup) gathers and dequantizes each block into one of two bf16 tiles
   (`hopper_ws_decode._producer`), with ROPE also each row's RoPE lanes into a RoPE tile beside
   it;
 - the scorer (the default partition) runs S = Q K^T for 64 heads x BLOCK_N keys (q's first Q_REGS
-  latent tiles from its registers, loaded once, the rest from shared memory), the online softmax,
-  hands P and the per-head rescale factor to the other warpgroup through shared memory, and runs
-  the left half of the output product, O[:, :256] = alpha O + P V[:, :256], P from registers;
-- the right warpgroup stages q's latent lanes (the scorer its RoPE lanes), then runs
-  O[:, 256:] from the shared P.
+  latent tiles from its registers, loaded once, the rest from shared memory) and the online
+  softmax, and hands P and the per-head rescale factor to the output warpgroups through shared
+  memory;
+- with PV_SPLIT (NoPE rows, programs of several blocks) two output warpgroups (`_half`) run
+  O[:, :256] and O[:, 256:] = alpha O + P V from the shared P, and each also dequantizes HELPERS
+  rows of every block, loaded into registers two blocks ahead while it waits for P; the
+  producer fills the rest. Without PV_SPLIT (RoPE rows) the scorer runs the left half itself,
+  P from registers, and the producer fills every row;
+- the right warpgroup stages q's latent lanes (the scorer its RoPE lanes).
 
-Not swapped (heads on the M side, 64 fill a wgmma): each warpgroup's half of O is 64 x 256
-fp32, 128 registers a thread, and the softmax reduces within thread quads. With ROPE (576-wide
-QK) the scores take a fifth group Q_rope K_rope^T, and blocks are 32 rows (`plans.wide_block_n`).
+Not swapped (heads on the M side, 64 fill a wgmma): each half of O is 64 x 256 fp32, 128
+registers a thread, and the softmax reduces within thread quads. With ROPE (576-wide QK) the
+scores take a fifth group Q_rope K_rope^T, and blocks are 32 rows (`plans.wide_block_n`).
 Shared memory is full (q 64 KB, two tiles 128 KB, the ring, one P tile), and so are the
 registers; the H200 record is results/reference/decode-tuning/hopper-wide/. One program per
 (query token, head block, split), so every role can skip the same trailing blocks of -1
@@ -56,8 +60,10 @@ from nopebench.impls.native.hopper_ws_decode import (
 BLOCK_H = gl.constexpr(64)  # heads per program: one wgmma M
 PRODUCER_WARPS = 4  # 16-row ring slots
 # setmaxnreg budgets (the compile-only build checks them spill-free); the scorer (the default
-# partition) gets the rest of the 64K register file, 248. A right warpgroup with 152 made
-# ptxas serialise its wgmma (Triton 3.6), a producer with 88 made Triton 3.9 spill.
+# partition) gets the rest of the 64K register file: 248 beside one output warpgroup, 96 (104
+# holding q tiles) beside two. A right warpgroup with 152 made ptxas serialise its wgmma
+# (Triton 3.6), a producer with 88 made Triton 3.9 spill (Triton 3.6 takes it with two output
+# warpgroups, where the plan holds q tiles only under 3.6).
 PRODUCER_REGS, RIGHT_REGS = 96, 160
 
 
@@ -552,7 +558,9 @@ def _half(
 ):
     """One half of O (HALF 1: the right, 0: the left) from the P the scorer shares; the tile
     goes back after each block. The right warpgroup first stages q's latent lanes for the scorer
-    (which keeps its registers for the loop)."""
+    (which keeps its registers for the loop). With HELP > 0 it also dequantizes HELP rows of
+    every block into the tiles (`_load_rows`, `_store_rows`) and arrives on their full
+    barriers beside the producer."""
     pid, nprog, splits, items = _stream(tokens, width, entries_per_split, HEAD_BLOCKS, ONE_SPLIT)
     tok, hb, split, idx_row, start, end = _item(
         pid, idx_ptr, width, entries_per_split, stride_it, splits, HEAD_BLOCKS

@@ -21,6 +21,7 @@ from nopebench.impls.native.constants import (
     WIDE_HELP_ROWS,
     WIDE_KV_BUFS,
     WIDE_P_BUFS,
+    WIDE_PV_SPLIT_MIN_BLOCKS,
     WIDE_Q_REG_TILES,
     WIDE_RING_ROWS,
     WIDE_ROPE_BLOCK_N,
@@ -356,23 +357,13 @@ def plan_hopper_wide(
     in `wide_block_n(True)`-row blocks, since 64-row ones leave no room for the ring. `q_regs`:
     q's latent tiles the scorer keeps in registers, by default `wide_q_reg_tiles` for the
     installed Triton. `pv_split`: both halves of the output product in warpgroups of their own
-    (the scorer only scores), by default for NoPE rows; `helpers`: rows of every block each of
-    them dequantizes beside the producer (0, 8 or 16; by default WIDE_HELP_ROWS with `pv_split`).
-    Both measured faster for NoPE rows and slower for RoPE rows on the H200."""
+    (the scorer only scores), by default for NoPE rows in programs of WIDE_PV_SPLIT_MIN_BLOCKS
+    blocks or more; `helpers`: rows of every block each of them dequantizes beside the producer
+    (0, 8 or 16; by default WIDE_HELP_ROWS with `pv_split`)."""
     if q_regs is None:
         q_regs = wide_q_reg_tiles(rope, installed_triton())
     if not 0 <= q_regs <= 3:
         raise ValueError(f"the scorer holds 0 to 3 of q's latent tiles in registers, not {q_regs}")
-    if pv_split is None:
-        pv_split = not rope
-    if helpers is None:
-        helpers = WIDE_HELP_ROWS if pv_split and not rope else 0
-    if helpers not in (0, 8, 16):
-        raise ValueError(
-            f"each output warpgroup dequantizes 0, 8 or 16 rows a block, not {helpers}"
-        )
-    if helpers and (rope or not pv_split):
-        raise ValueError("the output warpgroups dequantize NoPE rows, with pv_split only")
     block_n = wide_block_n(rope)
     if slots is None and rope:
         slots = WIDE_ROPE_SLOTS
@@ -388,6 +379,16 @@ def plan_hopper_wide(
     head_blocks, splits, per_split = _split_one_per_sm(
         tokens, heads, width, WIDE_BLOCK_H, block_n, sms, splits, fill=-(-sms // 2)
     )
+    if pv_split is None:
+        pv_split = not rope and per_split // block_n >= WIDE_PV_SPLIT_MIN_BLOCKS
+    if helpers is None:
+        helpers = WIDE_HELP_ROWS if pv_split and not rope else 0
+    if helpers not in (0, 8, 16):
+        raise ValueError(
+            f"each output warpgroup dequantizes 0, 8 or 16 rows a block, not {helpers}"
+        )
+    if helpers and (rope or not pv_split):
+        raise ValueError("the output warpgroups dequantize NoPE rows, with pv_split only")
     return LaunchPlan(
         WIDE_BLOCK_H,
         head_blocks,
