@@ -232,13 +232,13 @@ def _tile_scale(scales, tile_of, t: gl.constexpr, AS_INT: gl.constexpr):
 
 
 @gluon.jit
-def _owned(k, PART: gl.constexpr, OWN: gl.constexpr, SUBS: gl.constexpr):
-    """The program's sub-block ordinal of a producer's k-th sub-block, when it fills the OWN
-    sub-blocks from PART * OWN on of every block of SUBS."""
+def _owned(k, OWN: gl.constexpr, SUBS: gl.constexpr):
+    """The program's sub-block ordinal of a producer's k-th sub-block, when it fills the first
+    OWN sub-blocks of every block of SUBS."""
     if OWN == SUBS:
         return k
     else:
-        return (k // OWN) * SUBS + PART * OWN + k % OWN
+        return (k // OWN) * SUBS + k % OWN
 
 
 @gluon.jit
@@ -266,16 +266,15 @@ def _producer(
     HEAD_BLOCKS: gl.constexpr,
     ONE_SPLIT: gl.constexpr,
     ONE_ITEM: gl.constexpr,
-    PART: gl.constexpr,
     OWN: gl.constexpr,
 ):
     """Gathers and dequantizes every block of every item into the tile the consumers freed (with
     ROPE, the rows' RoPE lanes into the RoPE tile beside it, bf16 as stored).
     ONE_ITEM: the grid has one program per item, and the item's trailing blocks of -1 entries
     are skipped (`blocks_in_use`; every role of the kernel skips the same ones).
-    PART, OWN: the producer fills the OWN ring sub-blocks from PART * OWN on of every block (all
-    of them: 0, BLOCK_N // (4 * P_WARPS)); other warps fill the rest, each arriving on the
-    tile's full barrier."""
+    OWN: the producer fills the first OWN ring sub-blocks of every block (all of them:
+    BLOCK_N // (4 * P_WARPS)); other warps fill the rest, each arriving on the tile's full
+    barrier."""
     # The ring holds sub-blocks of SUB rows (one pass of the gather layout), so that while one is
     # being dequantized the other RING_SLOTS - 1 stay in flight. Sub-block k's group also brings
     # the index entries of sub-block k + RING_SLOTS, which refills its slot; the stream runs on
@@ -301,7 +300,7 @@ def _producer(
     pid, nprog, splits, items = stream
     for j in gl.static_range(RING_SLOTS):
         row, n0, end = _sub_block(
-            _owned(j, PART, OWN, SUBS),
+            _owned(j, OWN, SUBS),
             stream,
             idx_ptr,
             width,
@@ -313,7 +312,7 @@ def _producer(
             ONE_ITEM,
         )
         nrow, nn0, nend = _sub_block(
-            _owned(j + RING_SLOTS, PART, OWN, SUBS),
+            _owned(j + RING_SLOTS, OWN, SUBS),
             stream,
             idx_ptr,
             width,
@@ -352,7 +351,7 @@ def _producer(
         b = g % bufs
         mbarrier.wait(empty_bars.index(b), ((g // bufs) & 1) ^ 1)  # tile b is free (all start free)
         for jj in gl.static_range(OWN):
-            k = g * OWN + jj  # this producer's sub-blocks (sub-block PART * OWN + jj of the block)
+            k = g * OWN + jj  # this producer's sub-blocks, counted in its ring
             slot = k % RING_SLOTS
             cp.wait_group(
                 RING_SLOTS - 1
@@ -361,9 +360,7 @@ def _producer(
                 # The RoPE lanes go to the tile as stored (bf16, no conversion), before the
                 # dequantization so that their registers are free again for it (copied after
                 # it, Triton 3.9 spilled 8 bytes in the producer at 16 heads).
-                rope_bufs.index(b).slice((PART * OWN + jj) * SUB, SUB).store(
-                    raw_r.index(slot).load(rope_gather)
-                )
+                rope_bufs.index(b).slice(jj * SUB, SUB).store(raw_r.index(slot).load(rope_gather))
             # The slot's loads, then the tile's stores (timed the same as interleaving them).
             scales = raw_s.index(slot).load(deq_scales)
             raw = (
@@ -379,11 +376,11 @@ def _producer(
                 kv = raw[t].to(gl.float8e4nv, bitcast=True).to(gl.float32) * gl.expand_dims(
                     scale, 1
                 )
-                kv_bufs[t].index(b).slice((PART * OWN + jj) * SUB, SUB).store(kv.to(gl.bfloat16))
+                kv_bufs[t].index(b).slice(jj * SUB, SUB).store(kv.to(gl.bfloat16))
             # Dequantized: refill the slot with sub-block k + RING_SLOTS (cp.async zero-fills
             # entries past `end`, so the range mask is applied again here).
             _, n1, end1 = _sub_block(
-                _owned(k + RING_SLOTS, PART, OWN, SUBS),
+                _owned(k + RING_SLOTS, OWN, SUBS),
                 stream,
                 idx_ptr,
                 width,
@@ -397,7 +394,7 @@ def _producer(
             offs = n1 + gl.arange(0, SUB, layout=rows_g)
             idx = gl.where(offs < end1, idx_ring.index(slot).load(rows_g), -1)
             nrow, nn0, nend = _sub_block(
-                _owned(k + 2 * RING_SLOTS, PART, OWN, SUBS),
+                _owned(k + 2 * RING_SLOTS, OWN, SUBS),
                 stream,
                 idx_ptr,
                 width,
@@ -899,7 +896,6 @@ def hopper_ws_decode_kernel(
                         HEAD_BLOCKS,
                         False,
                         False,
-                        0,
                         BLOCK_N // SUB,
                     ),
                 ),
@@ -972,7 +968,6 @@ def hopper_ws_decode_kernel(
                         HEAD_BLOCKS,
                         False,
                         False,
-                        0,
                         BLOCK_N // SUB,
                     ),
                 ),
