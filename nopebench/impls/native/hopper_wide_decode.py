@@ -279,6 +279,53 @@ def _store_half(
 
 
 @gluon.jit
+def _block_valid(idx_row, start, end, i, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
+    """Which of block i's keys have an index entry (not -1, not past `end`), in the score layout.
+    The entries are loaded one or two per thread and then spread to that layout: loaded straight
+    into it, 16 per thread, their addresses stay live across the loop and Triton 3.9 spills
+    them."""
+    idx_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    return gl.convert_layout(
+        _load_idx(idx_row, start + i * BLOCK_N, end, BLOCK_N, idx_l) >= 0,
+        gl.SliceLayout(0, s_layout),
+    )
+
+
+@gluon.jit
+def _score_block(
+    q_smem,
+    qa,
+    qr_smem,
+    kv_bufs,
+    rope_bufs,
+    p_smem,
+    a_smem,
+    full_bars,
+    p_full,
+    p_empty,
+    valid,
+    m_i,
+    l_i,
+    i,
+    qk_scale_log2,
+    BLOCK_N: gl.constexpr,
+    ROPE: gl.constexpr,
+    s_layout: gl.constexpr,
+    Q_REGS: gl.constexpr,
+):
+    """Block i's scores (once its tile is full), the online softmax step over its `valid` keys,
+    and P with the rescale factor handed over; returns P (bf16), the factor and the softmax
+    state."""
+    s = _block_scores(
+        q_smem, qa, qr_smem, kv_bufs, rope_bufs, full_bars, i, BLOCK_N, ROPE, s_layout, Q_REGS
+    )
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+    p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, qk_scale_log2, KEYS=1)
+    p16 = _hand_over(p, alpha, p_smem, a_smem, p_full, p_empty, i)
+    return p16, alpha, m_i, l_i
+
+
+@gluon.jit
 def _scores_and_left(
     q_smem,
     qa,
@@ -306,8 +353,6 @@ def _scores_and_left(
 ):
     """The scorer's loop when it also runs the left half of O: returns that half and the
     softmax state."""
-    keys: gl.constexpr = gl.SliceLayout(0, s_layout)
-    idx_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     bufs: gl.constexpr = kv_bufs[0].shape[0]
     p_regs: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     oa = gl.zeros([BLOCK_H, TILE], gl.float32, o_layout)
@@ -317,29 +362,57 @@ def _scores_and_left(
     # scores are issued: faster on the H200 than waiting for both halves together. (Issuing
     # block i + 1's scores before block i's softmax measured slower: the per-block waits
     # dominate.)
-    valid = gl.convert_layout(_load_idx(idx_row, start, end, BLOCK_N, idx_l) >= 0, keys)
-    s = _block_scores(
-        q_smem, qa, qr_smem, kv_bufs, rope_bufs, full_bars, 0, BLOCK_N, ROPE, s_layout, Q_REGS
+    valid = _block_valid(idx_row, start, end, 0, BLOCK_N, s_layout)
+    p16, alpha, m_i, l_i = _score_block(
+        q_smem,
+        qa,
+        qr_smem,
+        kv_bufs,
+        rope_bufs,
+        p_smem,
+        a_smem,
+        full_bars,
+        p_full,
+        p_empty,
+        valid,
+        m_i,
+        l_i,
+        0,
+        qk_scale_log2,
+        BLOCK_N,
+        ROPE,
+        s_layout,
+        Q_REGS,
     )
-    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-    p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, qk_scale_log2, KEYS=1)
-    p16 = _hand_over(p, alpha, p_smem, a_smem, p_full, p_empty, 0)
     for i in range(1, blocks):
-        valid = gl.convert_layout(
-            _load_idx(idx_row, start + i * BLOCK_N, end, BLOCK_N, idx_l) >= 0, keys
-        )
+        valid = _block_valid(idx_row, start, end, i, BLOCK_N, s_layout)
         prev = (i - 1) % bufs
         oa, ob = _half_product(
             gl.convert_layout(p16, p_regs), kv_bufs, prev, oa, ob, alpha, 0, o_layout
         )
         oa, ob = warpgroup_mma_wait(num_outstanding=0, deps=(oa, ob))
         mbarrier.arrive(empty_bars.index(prev), count=1)
-        s = _block_scores(
-            q_smem, qa, qr_smem, kv_bufs, rope_bufs, full_bars, i, BLOCK_N, ROPE, s_layout, Q_REGS
+        p16, alpha, m_i, l_i = _score_block(
+            q_smem,
+            qa,
+            qr_smem,
+            kv_bufs,
+            rope_bufs,
+            p_smem,
+            a_smem,
+            full_bars,
+            p_full,
+            p_empty,
+            valid,
+            m_i,
+            l_i,
+            i,
+            qk_scale_log2,
+            BLOCK_N,
+            ROPE,
+            s_layout,
+            Q_REGS,
         )
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, qk_scale_log2, KEYS=1)
-        p16 = _hand_over(p, alpha, p_smem, a_smem, p_full, p_empty, i)
     last = (blocks - 1) % bufs
     oa, ob = _half_product(
         gl.convert_layout(p16, p_regs), kv_bufs, last, oa, ob, alpha, 0, o_layout
@@ -395,11 +468,6 @@ def _scorer(
 ):
     """Scores, online softmax and (OWN_PV) the left half of O; with ROPE it stages q's RoPE
     lanes. Without OWN_PV a warpgroup of its own runs the left half (`_half`), as the right."""
-    keys: gl.constexpr = gl.SliceLayout(0, s_layout)
-    # The block's index entries are loaded one or two per thread and then spread to the score
-    # layout: loaded straight into it, 16 per thread, their addresses stay live across the loop
-    # and Triton 3.9 spills them.
-    idx_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     pid, nprog, splits, items = _stream(tokens, width, entries_per_split, HEAD_BLOCKS, ONE_SPLIT)
     tok, hb, split, idx_row, start, end = _item(
         pid, idx_ptr, width, entries_per_split, stride_it, splits, HEAD_BLOCKS
@@ -468,25 +536,28 @@ def _scorer(
         # Scores and softmax only: block i + 1's scores are issued as soon as block i's P is
         # handed over, while the two output warpgroups run block i's product.
         for i in range(blocks):
-            valid = gl.convert_layout(
-                _load_idx(idx_row, start + i * BLOCK_N, end, BLOCK_N, idx_l) >= 0, keys
-            )
-            s = _block_scores(
+            valid = _block_valid(idx_row, start, end, i, BLOCK_N, s_layout)
+            _, _, m_i, l_i = _score_block(
                 q_smem,
                 qa,
                 qr_smem,
                 kv_bufs,
                 rope_bufs,
+                p_smem,
+                a_smem,
                 full_bars,
+                p_full,
+                p_empty,
+                valid,
+                m_i,
+                l_i,
                 i,
+                qk_scale_log2,
                 BLOCK_N,
                 ROPE,
                 s_layout,
                 Q_REGS,
             )
-            s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-            p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, qk_scale_log2, KEYS=1)
-            _hand_over(p, alpha, p_smem, a_smem, p_full, p_empty, i)
 
     has = l_i > 0
     inv = gl.where(has, 1.0 / gl.where(has, l_i, 1.0), 0.0)
