@@ -636,6 +636,29 @@ def test_native_matches_reference_on_gpu(heads, tokens, width, rope, row_bytes, 
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("heads, tokens", [(128, 64), (100, 64), (128, 200)])
+@pytest.mark.parametrize("width", [2048, 2176])
+@pytest.mark.parametrize("row_bytes", [528, 656])
+def test_2cta_pairs_match_the_reference_on_gpu(heads, tokens, width, row_bytes):
+    """The 64-head kernel's two head blocks in 2-CTA clusters, each CTA dequantizing half of
+    every block for both: every query token under the strict rule, outputs poisoned first
+    (also with the second head block partly masked, 100 heads)."""
+    from nopebench.impls.native.adapter import hopper_available, native_decode
+
+    if not hopper_available(0):
+        pytest.skip("the Hopper kernels need an SM90 GPU and Triton's Gluon")
+    q, cache, idx = decode_inputs(
+        heads, tokens, width, 0, row_bytes, "cuda", seed=heads + tokens + width, rows=4096
+    )
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    plan = plan_hopper_wide(tokens, heads, width, sms, pair=True)
+    got = native_decode(q, cache, idx, SCALE, 0, plan)
+    got.out.fill_(float("nan"))
+    got = native_decode(q, cache, idx, SCALE, 0, plan)
+    assert_matches_reference(got, q, cache, idx, 0)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("kernel", ["hopper_ws", "hopper_ws_one", "hopper_wide"])
 @pytest.mark.parametrize("heads, tokens", [(16, 1), (16, 64), (32, 64), (64, 8), (128, 64)])
 def test_shim_runs_the_rope_path_of_the_warp_specialised_kernels(heads, tokens, kernel):

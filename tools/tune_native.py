@@ -133,6 +133,9 @@ def hopper_variants(
             dict(kernel="hopper_wide", helpers=0),
             dict(kernel="hopper_wide", helpers=16),
         ]
+    if heads > 64 and not rope:
+        # The two head blocks in 2-CTA clusters, each CTA dequantizing half of every block.
+        cands += [dict(kernel="hopper_wide", pair=True)]
     if heads > 32 and rope:
         # With RoPE lanes (32-row blocks) shared memory has room for a third tile, a second P
         # tile or both, at the cost of ring slots.
@@ -216,7 +219,11 @@ def build_plan(tokens: int, heads: int, v: dict, rope: bool = False) -> LaunchPl
             slots=v.get("slots"),
             splits=v.get("splits"),
             rope=rope,
-            **{k: v[k] for k in ("kv_bufs", "p_bufs", "q_regs", "pv_split", "helpers") if k in v},
+            **{
+                k: v[k]
+                for k in ("kv_bufs", "p_bufs", "q_regs", "pv_split", "helpers", "pair")
+                if k in v
+            },
         )
     if v.get("kernel") == "hopper_ws":
         return plan_hopper_ws(
@@ -386,6 +393,7 @@ def main() -> int:
                             "q_regs",
                             "pv_split",
                             "helpers",
+                            "pair",
                             "passed",
                             "max_abs_err",
                             "median_ms",
@@ -409,7 +417,7 @@ def main() -> int:
             f"H={h:<4} T={t:<4} {m:5} {b.median_ms:.4f} ms  bn={b.block_n} w={b.num_warps} "
             f"pf={b.prefetch} "
             f"st={b.num_stages} sp={b.splits} kv={b.kv_bufs} p={b.p_bufs} q={b.q_regs} "
-            f"pv={b.pv_split} h={b.helpers} "
+            f"pv={b.pv_split} h={b.helpers} pair={b.pair} "
             f"{b.kernel}{' split' if b.role_split else ''} "
             f"{b.tbps:.2f} TB/s "
             f"{b.tflops:.0f} TFLOP/s"

@@ -74,6 +74,34 @@ def choose_plan(tokens: int, heads: int, width: int, rope_dim: int, device) -> L
     return plan_launch(tokens, heads, width, sms)
 
 
+_PAIR_OFFSETS: dict[tuple[LaunchPlan, int], dict] = {}
+_IN_PAIRS: set[str] = set()
+
+
+def _launch_pairs(kernel, grid: tuple[int, ...], args: tuple, plan: LaunchPlan, row_bytes: int):
+    """Launch a `plan.pair` 64-head kernel in 2-CTA clusters. Its partner addresses come from a
+    build with placeholder offsets (the same allocations); each compiled specialisation is
+    checked to have them, then set to launch in clusters of two (`cluster`)."""
+    from nopebench.impls.native import cluster
+    from nopebench.impls.native import hopper_wide_decode as wide
+
+    offsets = _PAIR_OFFSETS.get((plan, row_bytes))
+    if offsets is None:
+        constants, options = wide.launch_constants(plan, row_bytes)
+        placeholder = kernel.warmup(*args, grid=grid, **constants, **options)
+        offsets = wide.pair_offsets(cluster.smem_offsets(placeholder, wide.PAIR_ALLOCATIONS))
+        _PAIR_OFFSETS[(plan, row_bytes)] = offsets
+    constants, options = wide.launch_constants(plan, row_bytes, offsets)
+    compiled = kernel.warmup(*args, grid=grid, **constants, **options)
+    if compiled.hash not in _IN_PAIRS:
+        found = wide.pair_offsets(cluster.smem_offsets(compiled, wide.PAIR_ALLOCATIONS))
+        if found != offsets:
+            raise RuntimeError(f"the 2-CTA kernel's shared memory moved: {found} != {offsets}")
+        cluster.launch_in_pairs(compiled)
+        _IN_PAIRS.add(compiled.hash)
+    kernel[(grid[0] // 2,)](*args, **constants, **options)
+
+
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -177,8 +205,11 @@ def native_decode(
             if plan.kernel == "hopper_ws"
             else (wide, wide.hopper_wide_decode_kernel)
         )
-        constants, options = module.launch_constants(plan, cache.shape[-1])
-        kernel[grid](*args, tokens, **constants, **options)
+        if plan.pair:
+            _launch_pairs(kernel, grid, (*args, tokens), plan, cache.shape[-1])
+        else:
+            constants, options = module.launch_constants(plan, cache.shape[-1])
+            kernel[grid](*args, tokens, **constants, **options)
     else:
         k.sparse_decode_kernel[grid](
             *args,

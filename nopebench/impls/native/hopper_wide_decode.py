@@ -40,6 +40,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from nopebench.impls.native.cluster import _arrive_partner, _cluster_sync, _lanes
 from nopebench.impls.native.hopper_decode import (
     SCALE_OFFSET,
     TILE,
@@ -76,8 +77,29 @@ def launch_regs(pv_split: bool) -> int:
 LAUNCH_REGS = launch_regs(False)
 
 
-def launch_constants(plan, row_bytes: int) -> tuple[dict, dict]:
-    """Constexprs and launch options for a `native.plan_hopper_wide` plan (launcher and build)."""
+# The shared allocations a 2-CTA (`plan.pair`) program addresses in its partner, by the kernel's
+# variable names (`cluster.smem_offsets`): the four dequantized tiles, the full and empty barriers.
+PAIR_ALLOCATIONS = ("kv_bufs", "full_bars", "empty_bars")
+
+
+def pair_offsets(offsets: dict[str, list[int]]) -> dict:
+    """The kernel's constexprs for `smem_offsets(compiled, PAIR_ALLOCATIONS)`: tile t at
+    KV_OFF + t * KV_STEP (ValueError if Triton placed the four tiles otherwise)."""
+    tiles = offsets["kv_bufs"]
+    step = tiles[1] - tiles[0] if len(tiles) == 4 else 0
+    if step <= 0 or any(b - a != step for a, b in zip(tiles, tiles[1:], strict=False)):
+        raise ValueError(f"the four tiles are not equally spaced in shared memory: {tiles}")
+    (full,), (empty,) = offsets["full_bars"], offsets["empty_bars"]
+    return dict(KV_OFF=tiles[0], KV_STEP=step, FULL_OFF=full, EMPTY_OFF=empty)
+
+
+PLACEHOLDER_OFFSETS = dict(KV_OFF=0, KV_STEP=0, FULL_OFF=0, EMPTY_OFF=0)
+
+
+def launch_constants(plan, row_bytes: int, offsets: dict | None = None) -> tuple[dict, dict]:
+    """Constexprs and launch options for a `native.plan_hopper_wide` plan (launcher and build).
+    `offsets`: `pair_offsets` of the compiled kernel, for a 2-CTA plan (placeholders otherwise;
+    they change no allocation, so a build with them has the launched kernel's layout)."""
     constants = dict(
         BLOCK_N=plan.block_n,
         ROW_BYTES=row_bytes,
@@ -96,6 +118,8 @@ def launch_constants(plan, row_bytes: int) -> tuple[dict, dict]:
         Q_REGS=plan.q_regs,
         PV_SPLIT=plan.pv_split,
         HELPERS=plan.helpers,  # rows of every block each output warpgroup dequantizes
+        PAIR=plan.pair,
+        **(offsets or PLACEHOLDER_OFFSETS),
     )
     return constants, {"num_warps": 4, "maxnreg": launch_regs(plan.pv_split)}
 
@@ -465,9 +489,14 @@ def _scorer(
     q_layout: gl.constexpr,
     Q_REGS: gl.constexpr,
     OWN_PV: gl.constexpr,
+    PAIR: gl.constexpr,
 ):
     """Scores, online softmax and (OWN_PV) the left half of O; with ROPE it stages q's RoPE
-    lanes. Without OWN_PV a warpgroup of its own runs the left half (`_half`), as the right."""
+    lanes. Without OWN_PV a warpgroup of its own runs the left half (`_half`), as the right.
+    PAIR: one CTA of a 2-CTA cluster (`cluster`); it joins the cluster's first and last
+    barriers."""
+    if PAIR:
+        _cluster_sync(4)
     pid, nprog, splits, items = _stream(tokens, width, entries_per_split, HEAD_BLOCKS, ONE_SPLIT)
     tok, hb, split, idx_row, start, end = _item(
         pid, idx_ptr, width, entries_per_split, stride_it, splits, HEAD_BLOCKS
@@ -588,6 +617,8 @@ def _scorer(
         lse,
         mask=offs_h < heads,
     )
+    if PAIR:
+        _cluster_sync(4)
 
 
 @gluon.jit
@@ -626,12 +657,20 @@ def _half(
     ROW_BYTES: gl.constexpr,
     HALF: gl.constexpr,
     HELP: gl.constexpr,
+    PAIR: gl.constexpr,
+    EMPTY_OFF: gl.constexpr,
 ):
     """One half of O (HALF 1: the right, 0: the left) from the P the scorer shares; the tile
     goes back after each block. The right warpgroup first stages q's latent lanes for the scorer
     (which keeps its registers for the loop). With HELP > 0 it also dequantizes HELP rows of
     every block into the tiles (`_load_rows`, `_store_rows`) and arrives on their full
-    barriers beside the producer."""
+    barriers beside the producer.
+    PAIR: one CTA of a 2-CTA cluster, whose producers fill both CTAs' tiles; each released tile
+    is released in the partner too (its empty barrier at byte offset EMPTY_OFF), except the last
+    KV_BUFS, which no producer refills."""
+    if PAIR:
+        _cluster_sync(4)
+        lanes = _lanes(4)
     pid, nprog, splits, items = _stream(tokens, width, entries_per_split, HEAD_BLOCKS, ONE_SPLIT)
     tok, hb, split, idx_row, start, end = _item(
         pid, idx_ptr, width, entries_per_split, stride_it, splits, HEAD_BLOCKS
@@ -687,6 +726,9 @@ def _half(
         oa, ob = warpgroup_mma_wait(num_outstanding=0, deps=(oa, ob))
         mbarrier.arrive(p_empty.index(pb), count=1)
         mbarrier.arrive(empty_bars.index(i % bufs), count=1)
+        if PAIR:  # noqa: SIM102 (a constexpr if: only the taken branch is compiled)
+            if i + bufs < blocks:
+                _arrive_partner(lanes, EMPTY_OFF + 8 * (i % bufs), 1 - pid % 2)
         if HELP > 0 and i + bufs < blocks:  # block i + bufs's rows, once the tile is free
             mbarrier.wait(empty_bars.index(i % bufs), (i // bufs) & 1)
             _store_rows(ahead, kv_bufs, i % bufs, row0, HELP, words, deq_scales)
@@ -697,6 +739,140 @@ def _half(
     _store_half(
         oa, ob, inv, out_ptr, tok, hb, split, heads, stride_ot, stride_oh, stride_os, HALF, o_layout
     )
+    if PAIR:
+        _cluster_sync(4)
+
+
+@gluon.jit
+def _wide_producer(
+    cache_ptr,
+    idx_ptr,
+    width,
+    entries_per_split,
+    stride_it,
+    tokens,
+    raw_k,
+    raw_s,
+    raw_r,
+    idx_ring,
+    kv_bufs,
+    rope_bufs,
+    full_bars,
+    empty_bars,
+    BLOCK_N: gl.constexpr,
+    BLOCKS: gl.constexpr,
+    ROW_BYTES: gl.constexpr,
+    ROPE: gl.constexpr,
+    RING_SLOTS: gl.constexpr,
+    P_WARPS: gl.constexpr,
+    HEAD_BLOCKS: gl.constexpr,
+    ONE_SPLIT: gl.constexpr,
+    OWN: gl.constexpr,
+    PAIR: gl.constexpr,
+    KV_OFF: gl.constexpr,
+    KV_STEP: gl.constexpr,
+    FULL_OFF: gl.constexpr,
+):
+    """`hopper_ws_decode._producer` for one program (OWN sub-blocks of every block). PAIR: the
+    program is CTA pid % 2 of a 2-CTA cluster; it fills half of every block's rows (CTA 0 the
+    first half) and sends them to the partner, which sends it the other half."""
+    if PAIR:
+        _cluster_sync(P_WARPS)
+        half: gl.constexpr = BLOCK_N // (8 * P_WARPS)  # sub-blocks in half a block
+        if gl.program_id(0) % 2 == 0:
+            _producer(
+                cache_ptr,
+                idx_ptr,
+                width,
+                entries_per_split,
+                stride_it,
+                tokens,
+                raw_k,
+                raw_s,
+                raw_r,
+                idx_ring,
+                kv_bufs,
+                rope_bufs,
+                full_bars,
+                empty_bars,
+                BLOCK_N,
+                BLOCKS,
+                ROW_BYTES,
+                ROPE,
+                RING_SLOTS,
+                P_WARPS,
+                HEAD_BLOCKS,
+                ONE_SPLIT,
+                True,
+                half,
+                0,
+                True,
+                1,
+                KV_OFF,
+                KV_STEP,
+                FULL_OFF,
+            )
+        else:
+            _producer(
+                cache_ptr,
+                idx_ptr,
+                width,
+                entries_per_split,
+                stride_it,
+                tokens,
+                raw_k,
+                raw_s,
+                raw_r,
+                idx_ring,
+                kv_bufs,
+                rope_bufs,
+                full_bars,
+                empty_bars,
+                BLOCK_N,
+                BLOCKS,
+                ROW_BYTES,
+                ROPE,
+                RING_SLOTS,
+                P_WARPS,
+                HEAD_BLOCKS,
+                ONE_SPLIT,
+                True,
+                half,
+                half,
+                True,
+                0,
+                KV_OFF,
+                KV_STEP,
+                FULL_OFF,
+            )
+        _cluster_sync(P_WARPS)
+    else:
+        _producer(
+            cache_ptr,
+            idx_ptr,
+            width,
+            entries_per_split,
+            stride_it,
+            tokens,
+            raw_k,
+            raw_s,
+            raw_r,
+            idx_ring,
+            kv_bufs,
+            rope_bufs,
+            full_bars,
+            empty_bars,
+            BLOCK_N,
+            BLOCKS,
+            ROW_BYTES,
+            ROPE,
+            RING_SLOTS,
+            P_WARPS,
+            HEAD_BLOCKS,
+            ONE_SPLIT,
+            True,
+            OWN,
+        )
 
 
 @gluon.jit
@@ -734,6 +910,11 @@ def hopper_wide_decode_kernel(
     Q_REGS: gl.constexpr,
     PV_SPLIT: gl.constexpr,
     HELPERS: gl.constexpr,
+    PAIR: gl.constexpr,
+    KV_OFF: gl.constexpr,
+    KV_STEP: gl.constexpr,
+    FULL_OFF: gl.constexpr,
+    EMPTY_OFF: gl.constexpr,
 ):
     # ROPE: 576-wide QK (the rows' RoPE lanes against q's last 64; the output reads the 512
     # latent lanes only), else 512-wide NoPE.
@@ -771,7 +952,9 @@ def hopper_wide_decode_kernel(
     HELP: gl.constexpr = HELPERS
     for b in gl.static_range(KV_BUFS):
         mbarrier.init(full_bars.index(b), count=3 if HELPERS else 1)
-        mbarrier.init(empty_bars.index(b), count=2)  # both output halves read the tile
+        # Both output halves read the tile (PAIR: those of both CTAs, as both CTAs' producers
+        # write into it).
+        mbarrier.init(empty_bars.index(b), count=4 if PAIR else 2)
     for b in gl.static_range(P_BUFS):
         mbarrier.init(p_full.index(b), count=1)
         mbarrier.init(p_empty.index(b), count=2 if PV_SPLIT else 1)  # the warpgroups P is for
@@ -827,6 +1010,7 @@ def hopper_wide_decode_kernel(
                         q_layout,
                         Q_REGS,
                         not PV_SPLIT,
+                        PAIR,
                     ),
                 ),
                 (
@@ -866,6 +1050,8 @@ def hopper_wide_decode_kernel(
                         ROW_BYTES,
                         1,
                         HELP,
+                        PAIR,
+                        EMPTY_OFF,
                     ),
                 ),
                 (
@@ -905,10 +1091,12 @@ def hopper_wide_decode_kernel(
                         ROW_BYTES,
                         0,
                         HELP,
+                        PAIR,
+                        EMPTY_OFF,
                     ),
                 ),
                 (
-                    _producer,
+                    _wide_producer,
                     (
                         cache_ptr,
                         idx_ptr,
@@ -932,8 +1120,11 @@ def hopper_wide_decode_kernel(
                         P_WARPS,
                         HEAD_BLOCKS,
                         ONE_SPLIT,
-                        True,
                         (BLOCK_N - 2 * HELP) // SUB,
+                        PAIR,
+                        KV_OFF,
+                        KV_STEP,
+                        FULL_OFF,
                     ),
                 ),
             ],
@@ -986,6 +1177,7 @@ def hopper_wide_decode_kernel(
                         q_layout,
                         Q_REGS,
                         not PV_SPLIT,
+                        PAIR,
                     ),
                 ),
                 (
@@ -1025,10 +1217,12 @@ def hopper_wide_decode_kernel(
                         ROW_BYTES,
                         1,
                         HELP,
+                        PAIR,
+                        EMPTY_OFF,
                     ),
                 ),
                 (
-                    _producer,
+                    _wide_producer,
                     (
                         cache_ptr,
                         idx_ptr,
@@ -1052,8 +1246,11 @@ def hopper_wide_decode_kernel(
                         P_WARPS,
                         HEAD_BLOCKS,
                         ONE_SPLIT,
-                        True,
                         (BLOCK_N - 2 * HELP) // SUB,
+                        PAIR,
+                        KV_OFF,
+                        KV_STEP,
+                        FULL_OFF,
                     ),
                 ),
             ],

@@ -40,6 +40,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from nopebench.impls.native.cluster import _lanes, _partition_barrier, _send_rows
 from nopebench.impls.native.hopper_decode import (
     ROPE_OFFSET,
     TILE,
@@ -232,13 +233,13 @@ def _tile_scale(scales, tile_of, t: gl.constexpr, AS_INT: gl.constexpr):
 
 
 @gluon.jit
-def _owned(k, OWN: gl.constexpr, SUBS: gl.constexpr):
-    """The program's sub-block ordinal of a producer's k-th sub-block, when it fills the first
-    OWN sub-blocks of every block of SUBS."""
+def _owned(k, OWN: gl.constexpr, SUBS: gl.constexpr, FIRST: gl.constexpr = 0):
+    """The program's sub-block ordinal of a producer's k-th sub-block, when it fills OWN
+    sub-blocks of every block of SUBS, from sub-block FIRST on."""
     if OWN == SUBS:
         return k
     else:
-        return (k // OWN) * SUBS + k % OWN
+        return (k // OWN) * SUBS + FIRST + k % OWN
 
 
 @gluon.jit
@@ -267,14 +268,24 @@ def _producer(
     ONE_SPLIT: gl.constexpr,
     ONE_ITEM: gl.constexpr,
     OWN: gl.constexpr,
+    FIRST: gl.constexpr = 0,
+    SEND: gl.constexpr = False,
+    partner=0,
+    KV_OFF: gl.constexpr = 0,
+    KV_STEP: gl.constexpr = 0,
+    FULL_OFF: gl.constexpr = 0,
 ):
     """Gathers and dequantizes every block of every item into the tile the consumers freed (with
     ROPE, the rows' RoPE lanes into the RoPE tile beside it, bf16 as stored).
     ONE_ITEM: the grid has one program per item, and the item's trailing blocks of -1 entries
     are skipped (`blocks_in_use`; every role of the kernel skips the same ones).
-    OWN: the producer fills the first OWN ring sub-blocks of every block (all of them:
-    BLOCK_N // (4 * P_WARPS)); other warps fill the rest, each arriving on the tile's full
-    barrier."""
+    OWN: the producer fills OWN ring sub-blocks of every block from sub-block FIRST on (all of
+    them: BLOCK_N // (4 * P_WARPS)); other warps fill the rest, each arriving on the tile's full
+    barrier.
+    SEND (NoPE rows, a 2-CTA cluster): it also copies the rows it filled into the same rows of
+    CTA `partner`'s tile (`cluster._send_rows`), and its arrive on the full barrier expects the
+    partner's copy of the other rows. KV_OFF + t * KV_STEP is tile t's shared-memory byte offset,
+    FULL_OFF the full barriers'."""
     # The ring holds sub-blocks of SUB rows (one pass of the gather layout), so that while one is
     # being dequantized the other RING_SLOTS - 1 stay in flight. Sub-block k's group also brings
     # the index entries of sub-block k + RING_SLOTS, which refills its slot; the stream runs on
@@ -300,7 +311,7 @@ def _producer(
     pid, nprog, splits, items = stream
     for j in gl.static_range(RING_SLOTS):
         row, n0, end = _sub_block(
-            _owned(j, OWN, SUBS),
+            _owned(j, OWN, SUBS, FIRST),
             stream,
             idx_ptr,
             width,
@@ -312,7 +323,7 @@ def _producer(
             ONE_ITEM,
         )
         nrow, nn0, nend = _sub_block(
-            _owned(j + RING_SLOTS, OWN, SUBS),
+            _owned(j + RING_SLOTS, OWN, SUBS, FIRST),
             stream,
             idx_ptr,
             width,
@@ -360,7 +371,9 @@ def _producer(
                 # The RoPE lanes go to the tile as stored (bf16, no conversion), before the
                 # dequantization so that their registers are free again for it (copied after
                 # it, Triton 3.9 spilled 8 bytes in the producer at 16 heads).
-                rope_bufs.index(b).slice(jj * SUB, SUB).store(raw_r.index(slot).load(rope_gather))
+                rope_bufs.index(b).slice((FIRST + jj) * SUB, SUB).store(
+                    raw_r.index(slot).load(rope_gather)
+                )
             # The slot's loads, then the tile's stores (timed the same as interleaving them).
             scales = raw_s.index(slot).load(deq_scales)
             raw = (
@@ -376,11 +389,11 @@ def _producer(
                 kv = raw[t].to(gl.float8e4nv, bitcast=True).to(gl.float32) * gl.expand_dims(
                     scale, 1
                 )
-                kv_bufs[t].index(b).slice(jj * SUB, SUB).store(kv.to(gl.bfloat16))
+                kv_bufs[t].index(b).slice((FIRST + jj) * SUB, SUB).store(kv.to(gl.bfloat16))
             # Dequantized: refill the slot with sub-block k + RING_SLOTS (cp.async zero-fills
             # entries past `end`, so the range mask is applied again here).
             _, n1, end1 = _sub_block(
-                _owned(k + RING_SLOTS, OWN, SUBS),
+                _owned(k + RING_SLOTS, OWN, SUBS, FIRST),
                 stream,
                 idx_ptr,
                 width,
@@ -394,7 +407,7 @@ def _producer(
             offs = n1 + gl.arange(0, SUB, layout=rows_g)
             idx = gl.where(offs < end1, idx_ring.index(slot).load(rows_g), -1)
             nrow, nn0, nend = _sub_block(
-                _owned(k + 2 * RING_SLOTS, OWN, SUBS),
+                _owned(k + 2 * RING_SLOTS, OWN, SUBS, FIRST),
                 stream,
                 idx_ptr,
                 width,
@@ -424,8 +437,41 @@ def _producer(
                 idx_l,
             )
         fence_async_shared()  # generic-proxy stores -> the consumers' wgmma (async proxy)
-        mbarrier.arrive(full_bars.index(b), count=1)
+        if SEND:
+            _send_block(
+                b, partner, KV_OFF, KV_STEP, FULL_OFF, FIRST * SUB, OWN * SUB, BLOCK_N, P_WARPS
+            )
+            # The arrive, and the bytes of the partner's copy of the other rows.
+            mbarrier.expect(full_bars.index(b), (BLOCK_N - OWN * SUB) * TILE * 2 * 4)
+        else:
+            mbarrier.arrive(full_bars.index(b), count=1)
     cp.wait_group(0)
+
+
+@gluon.jit
+def _send_block(
+    b,
+    partner,
+    KV_OFF: gl.constexpr,
+    KV_STEP: gl.constexpr,
+    FULL_OFF: gl.constexpr,
+    ROW0: gl.constexpr,
+    ROWS: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    P_WARPS: gl.constexpr,
+):
+    """Copy rows ROW0..ROW0 + ROWS of dequantized tile b (all four 128-lane tiles) into the same
+    rows of CTA `partner`'s, completing on its full barrier b. In the tiles' layout (Triton's
+    128-byte swizzle for bf16) each 64-lane half of a tile is its own [BLOCK_N, 64] block and a
+    row is 128 contiguous bytes of it, so the rows of one half are one contiguous range; the
+    swizzle depends on the address alone, so the bytes land in the same layout there."""
+    _partition_barrier()  # every producer thread's rows stored and fenced
+    lanes = _lanes(P_WARPS)
+    half: gl.constexpr = BLOCK_N * 64 * 2  # bytes of a 64-lane half of one tile
+    for t in gl.static_range(4):
+        for c in gl.static_range(2):
+            src = KV_OFF + t * KV_STEP + b * (2 * half) + c * half + ROW0 * 128
+            _send_rows(lanes, src, FULL_OFF + 8 * b, partner, ROWS * 128)
 
 
 @gluon.jit

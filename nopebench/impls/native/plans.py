@@ -60,6 +60,7 @@ class LaunchPlan:
     q_regs: int = 0  # hopper_wide: q's 128-lane latent tiles the scorer holds in registers
     pv_split: bool = False  # hopper_wide: both output halves in warpgroups of their own
     helpers: int = 0  # hopper_wide with pv_split: rows of every block each output warpgroup fills
+    pair: bool = False  # hopper_wide: head blocks in 2-CTA clusters sharing each block's rows
 
     @property
     def programs(self) -> int:
@@ -349,6 +350,7 @@ def plan_hopper_wide(
     q_regs: int | None = None,
     pv_split: bool | None = None,
     helpers: int | None = None,
+    pair: bool = False,
 ) -> LaunchPlan:
     """Launch shape for the 64-head SM90 kernel: as many producer ring slots as shared memory
     holds beside `kv_bufs` tiles and `p_bufs` P tiles (three for NoPE rows; WIDE_ROPE_SLOTS with
@@ -359,7 +361,9 @@ def plan_hopper_wide(
     installed Triton. `pv_split`: both halves of the output product in warpgroups of their own
     (the scorer only scores), by default for NoPE rows in programs of WIDE_PV_SPLIT_MIN_BLOCKS
     blocks or more; `helpers`: rows of every block each of them dequantizes beside the producer
-    (0, 8 or 16; by default WIDE_HELP_ROWS with `pv_split`)."""
+    (0, 8 or 16; by default WIDE_HELP_ROWS with `pv_split`). `pair`: the two head blocks of a
+    token in a 2-CTA cluster, each CTA dequantizing half of every block for both (`cluster`;
+    NoPE rows, two head blocks, one split, the output split off, no helpers)."""
     if q_regs is None:
         q_regs = wide_q_reg_tiles(rope, installed_triton())
     if not 0 <= q_regs <= 3:
@@ -382,13 +386,18 @@ def plan_hopper_wide(
     if pv_split is None:
         pv_split = not rope and per_split // block_n >= WIDE_PV_SPLIT_MIN_BLOCKS
     if helpers is None:
-        helpers = WIDE_HELP_ROWS if pv_split and not rope else 0
+        helpers = WIDE_HELP_ROWS if pv_split and not rope and not pair else 0
     if helpers not in (0, 8, 16):
         raise ValueError(
             f"each output warpgroup dequantizes 0, 8 or 16 rows a block, not {helpers}"
         )
     if helpers and (rope or not pv_split):
         raise ValueError("the output warpgroups dequantize NoPE rows, with pv_split only")
+    if pair and (rope or head_blocks != 2 or splits != 1 or not pv_split or helpers):
+        raise ValueError(
+            "2-CTA pairs take NoPE rows at two head blocks (128 heads) in one split, with the "
+            "output split off and no helpers"
+        )
     return LaunchPlan(
         WIDE_BLOCK_H,
         head_blocks,
@@ -405,4 +414,5 @@ def plan_hopper_wide(
         q_regs=q_regs,
         pv_split=pv_split,
         helpers=helpers,
+        pair=pair,
     )
