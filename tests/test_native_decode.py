@@ -641,8 +641,8 @@ def test_native_matches_reference_on_gpu(heads, tokens, width, rope, row_bytes, 
 @pytest.mark.parametrize("row_bytes", [528, 656])
 def test_2cta_pairs_match_the_reference_on_gpu(heads, tokens, width, row_bytes):
     """The 64-head kernel's two head blocks in 2-CTA clusters, each CTA dequantizing half of
-    every block for both: every query token under the strict rule, outputs poisoned first
-    (also with the second head block partly masked, 100 heads)."""
+    every block for both: every query token under the strict rule, outputs poisoned first (also
+    with the second head block partly masked, 100 heads)."""
     from nopebench.impls.native.adapter import hopper_available, native_decode
 
     if not hopper_available(0):

@@ -135,7 +135,10 @@ def hopper_variants(
         ]
     if heads > 64 and not rope:
         # The two head blocks in 2-CTA clusters, each CTA dequantizing half of every block.
-        cands += [dict(kernel="hopper_wide", pair=True)]
+        cands += [
+            dict(kernel="hopper_wide", pair=True),
+            dict(kernel="hopper_wide", pair=True, slots=2),
+        ]
     if heads > 32 and rope:
         # With RoPE lanes (32-row blocks) shared memory has room for a third tile, a second P
         # tile or both, at the cost of ring slots.

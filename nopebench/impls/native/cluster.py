@@ -30,10 +30,6 @@ import re
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-# A barrier across the calling partition's warps (Triton 3.6 names it thread_barrier, later
-# versions barrier).
-_partition_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
-
 # Each inline statement runs once per thread: the tensors passed hold one element a thread.
 _SYNC = gl.constexpr("""
 fence.mbarrier_init.release.cluster;
@@ -41,18 +37,6 @@ barrier.cluster.arrive.release.aligned;
 barrier.cluster.wait.acquire.aligned;
 mov.u32 $0, 0;
 """)
-_SEND = gl.constexpr("""{
-.reg .pred p;
-.reg .b32 s, d, b, rb;
-setp.eq.u32 p, $1, 0;
-mov.u32 s, global_smem;
-add.u32 b, s, $3;
-add.u32 s, s, $2;
-mapa.shared::cluster.u32 d, s, $4;
-mapa.shared::cluster.u32 rb, b, $4;
-@p cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [d], [s], $5, [rb];
-mov.u32 $0, 0;
-}""")
 _ARRIVE = gl.constexpr("""{
 .reg .pred p;
 .reg .b32 b, rb;
@@ -79,22 +63,6 @@ def _cluster_sync(WARPS: gl.constexpr):
     copy from or arrive into it). Each partition of both CTAs calls it once at each."""
     lanes = _lanes(WARPS)
     gl.inline_asm_elementwise(_SYNC, "=r,r", [lanes], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _send_rows(lanes, src, bar, partner, NBYTES: gl.constexpr):
-    """The partition's first thread copies NBYTES of shared memory at byte offset `src` to the
-    same offset in CTA `partner`, completing them on the partner's mbarrier at offset `bar`.
-    The stores it copies must be fenced for the async proxy and joined by a barrier first."""
-    zero = lanes * 0
-    gl.inline_asm_elementwise(
-        _SEND,
-        "=r,r,r,r,r,r",
-        [lanes, zero + src, zero + bar, zero + partner, zero + NBYTES],
-        dtype=gl.int32,
-        is_pure=False,
-        pack=1,
-    )
 
 
 @gluon.jit
@@ -177,3 +145,50 @@ def launch_in_pairs(compiled) -> None:
     grid x 2 CTAs). Pass half the programs as the grid."""
     num_warps, _, shared = compiled.packed_metadata
     compiled.packed_metadata = (num_warps, 2, shared)
+
+
+_STORE = gl.constexpr("""{
+.reg .b32 a, rb;
+mov.u32 a, global_smem;
+add.u32 rb, a, $20;
+add.u32 a, a, $12;
+mapa.shared::cluster.u32 a, a, $28;
+mapa.shared::cluster.u32 rb, rb, $28;
+st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [a], {$8, $9, $10, $11}, [rb];
+mov.u32 $0, 0;
+mov.u32 $1, 0;
+mov.u32 $2, 0;
+mov.u32 $3, 0;
+mov.u32 $4, 0;
+mov.u32 $5, 0;
+mov.u32 $6, 0;
+mov.u32 $7, 0;
+}""")
+
+
+@gluon.jit
+def _store_partner(vals, off, bar, partner):
+    """Each run of 8 bf16 a thread holds (16 bytes, one row) to byte offset `off` (its first
+    element's) of CTA `partner`'s shared memory, completing on its mbarrier at `bar`."""
+    gl.inline_asm_elementwise(
+        _STORE,
+        # (with pack 8, Triton passes the 8 bf16 as four 32-bit words, low element first)
+        "=r," * 8 + "r," * 27 + "r",
+        [vals, off, bar, partner],
+        dtype=gl.int32,
+        is_pure=False,
+        pack=8,
+    )
+
+
+@gluon.jit
+def _swizzled(ROW0: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, layout: gl.constexpr):
+    """Byte offsets of rows ROW0.. x 128 lanes of a [BLOCK_N, 128] bf16 tile in Triton's 128-byte
+    swizzle (an NVMMA shared layout): each 64-lane half its own [BLOCK_N, 64] block, rows of 128
+    bytes, whose 16-byte chunks are permuted by the row's index mod 8."""
+    rows = ROW0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, 128, layout=gl.SliceLayout(0, layout))
+    r = gl.expand_dims(rows, 1)
+    c = gl.expand_dims(cols, 0)
+    chunk = ((c % 64) // 8) ^ (r % 8)
+    return (c // 64) * (BLOCK_N * 128) + r * 128 + chunk * 16 + (c % 8) * 2

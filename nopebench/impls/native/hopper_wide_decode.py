@@ -225,6 +225,7 @@ def _block_scores(
     ROPE: gl.constexpr,
     s_layout: gl.constexpr,
     Q_REGS: gl.constexpr,
+    FENCE: gl.constexpr = False,
 ):
     """Waits for block i's tile and issues S = Q K^T over the four 128-wide tiles (+ Q_rope
     K_rope^T over the RoPE tile, as `hopper_decode`'s fifth group): four (five) async wgmma
@@ -233,6 +234,8 @@ def _block_scores(
     bufs: gl.constexpr = kv_bufs[0].shape[0]
     b = i % bufs
     mbarrier.wait(full_bars.index(b), (i // bufs) & 1)
+    if FENCE:
+        fence_async_shared()
     s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout)
     for t in gl.static_range(4):
         if t < Q_REGS:
@@ -336,12 +339,24 @@ def _score_block(
     ROPE: gl.constexpr,
     s_layout: gl.constexpr,
     Q_REGS: gl.constexpr,
+    FENCE: gl.constexpr = False,
 ):
     """Block i's scores (once its tile is full), the online softmax step over its `valid` keys,
     and P with the rescale factor handed over; returns P (bf16), the factor and the softmax
     state."""
     s = _block_scores(
-        q_smem, qa, qr_smem, kv_bufs, rope_bufs, full_bars, i, BLOCK_N, ROPE, s_layout, Q_REGS
+        q_smem,
+        qa,
+        qr_smem,
+        kv_bufs,
+        rope_bufs,
+        full_bars,
+        i,
+        BLOCK_N,
+        ROPE,
+        s_layout,
+        Q_REGS,
+        FENCE,
     )
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, qk_scale_log2, KEYS=1)
@@ -586,6 +601,7 @@ def _scorer(
                 ROPE,
                 s_layout,
                 Q_REGS,
+                PAIR,
             )
 
     has = l_i > 0
@@ -667,7 +683,7 @@ def _half(
     barriers beside the producer.
     PAIR: one CTA of a 2-CTA cluster, whose producers fill both CTAs' tiles; each released tile
     is released in the partner too (its empty barrier at byte offset EMPTY_OFF), except the last
-    KV_BUFS, which no producer refills."""
+    KV_BUFS, which no producer refills. (It dequantizes no rows: HELP is 0.)"""
     if PAIR:
         _cluster_sync(4)
         lanes = _lanes(4)
@@ -721,6 +737,8 @@ def _half(
                 deq_scales,
             )
         mbarrier.wait(p_full.index(pb), (i // p_bufs) & 1)
+        if PAIR:  # the partner's rows came by st.async: fenced for this warpgroup's wgmma
+            fence_async_shared()
         alpha = a_smem.index(pb).load(gl.SliceLayout(1, o_layout))
         oa, ob = _half_product(p_smem.index(pb), kv_bufs, i % bufs, oa, ob, alpha, HALF, o_layout)
         oa, ob = warpgroup_mma_wait(num_outstanding=0, deps=(oa, ob))
@@ -806,7 +824,7 @@ def _wide_producer(
                 True,
                 half,
                 0,
-                True,
+                PAIR,
                 1,
                 KV_OFF,
                 KV_STEP,
@@ -839,7 +857,7 @@ def _wide_producer(
                 True,
                 half,
                 half,
-                True,
+                PAIR,
                 0,
                 KV_OFF,
                 KV_STEP,

@@ -40,7 +40,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from nopebench.impls.native.cluster import _lanes, _partition_barrier, _send_rows
+from nopebench.impls.native.cluster import _store_partner, _swizzled
 from nopebench.impls.native.hopper_decode import (
     ROPE_OFFSET,
     TILE,
@@ -282,10 +282,10 @@ def _producer(
     OWN: the producer fills OWN ring sub-blocks of every block from sub-block FIRST on (all of
     them: BLOCK_N // (4 * P_WARPS)); other warps fill the rest, each arriving on the tile's full
     barrier.
-    SEND (NoPE rows, a 2-CTA cluster): it also copies the rows it filled into the same rows of
-    CTA `partner`'s tile (`cluster._send_rows`), and its arrive on the full barrier expects the
-    partner's copy of the other rows. KV_OFF + t * KV_STEP is tile t's shared-memory byte offset,
-    FULL_OFF the full barriers'."""
+    SEND (NoPE rows, a 2-CTA cluster): it also stores the rows it fills into the same rows of
+    CTA `partner`'s tile (`cluster._store_partner`), and its arrive on the full barrier expects
+    the partner's half of the block (the partner's stores complete on it). KV_OFF + t * KV_STEP
+    is tile t's shared-memory byte offset, FULL_OFF the full barriers'."""
     # The ring holds sub-blocks of SUB rows (one pass of the gather layout), so that while one is
     # being dequantized the other RING_SLOTS - 1 stay in flight. Sub-block k's group also brings
     # the index entries of sub-block k + RING_SLOTS, which refills its slot; the stream runs on
@@ -389,7 +389,18 @@ def _producer(
                 kv = raw[t].to(gl.float8e4nv, bitcast=True).to(gl.float32) * gl.expand_dims(
                     scale, 1
                 )
-                kv_bufs[t].index(b).slice((FIRST + jj) * SUB, SUB).store(kv.to(gl.bfloat16))
+                if SEND:
+                    kvb = kv.to(gl.bfloat16)
+                    kv_bufs[t].index(b).slice((FIRST + jj) * SUB, SUB).store(kvb)
+                    off = _swizzled(FIRST * SUB + jj * SUB, SUB, BLOCK_N, deq)
+                    _store_partner(
+                        kvb,
+                        off + (KV_OFF + t * KV_STEP) + b * (BLOCK_N * TILE * 2),
+                        off * 0 + (FULL_OFF + 8 * b),
+                        off * 0 + partner,
+                    )
+                else:
+                    kv_bufs[t].index(b).slice((FIRST + jj) * SUB, SUB).store(kv.to(gl.bfloat16))
             # Dequantized: refill the slot with sub-block k + RING_SLOTS (cp.async zero-fills
             # entries past `end`, so the range mask is applied again here).
             _, n1, end1 = _sub_block(
@@ -438,40 +449,11 @@ def _producer(
             )
         fence_async_shared()  # generic-proxy stores -> the consumers' wgmma (async proxy)
         if SEND:
-            _send_block(
-                b, partner, KV_OFF, KV_STEP, FULL_OFF, FIRST * SUB, OWN * SUB, BLOCK_N, P_WARPS
-            )
-            # The arrive, and the bytes of the partner's copy of the other rows.
-            mbarrier.expect(full_bars.index(b), (BLOCK_N - OWN * SUB) * TILE * 2 * 4)
+            # The arrive, and the bytes of the partner's half of the block.
+            mbarrier.expect(full_bars.index(b), (BLOCK_N // 2) * TILE * 2 * 4)
         else:
             mbarrier.arrive(full_bars.index(b), count=1)
     cp.wait_group(0)
-
-
-@gluon.jit
-def _send_block(
-    b,
-    partner,
-    KV_OFF: gl.constexpr,
-    KV_STEP: gl.constexpr,
-    FULL_OFF: gl.constexpr,
-    ROW0: gl.constexpr,
-    ROWS: gl.constexpr,
-    BLOCK_N: gl.constexpr,
-    P_WARPS: gl.constexpr,
-):
-    """Copy rows ROW0..ROW0 + ROWS of dequantized tile b (all four 128-lane tiles) into the same
-    rows of CTA `partner`'s, completing on its full barrier b. In the tiles' layout (Triton's
-    128-byte swizzle for bf16) each 64-lane half of a tile is its own [BLOCK_N, 64] block and a
-    row is 128 contiguous bytes of it, so the rows of one half are one contiguous range; the
-    swizzle depends on the address alone, so the bytes land in the same layout there."""
-    _partition_barrier()  # every producer thread's rows stored and fenced
-    lanes = _lanes(P_WARPS)
-    half: gl.constexpr = BLOCK_N * 64 * 2  # bytes of a 64-lane half of one tile
-    for t in gl.static_range(4):
-        for c in gl.static_range(2):
-            src = KV_OFF + t * KV_STEP + b * (2 * half) + c * half + ROW0 * 128
-            _send_rows(lanes, src, FULL_OFF + 8 * b, partner, ROWS * 128)
 
 
 @gluon.jit

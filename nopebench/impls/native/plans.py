@@ -363,7 +363,7 @@ def plan_hopper_wide(
     blocks or more; `helpers`: rows of every block each of them dequantizes beside the producer
     (0, 8 or 16; by default WIDE_HELP_ROWS with `pv_split`). `pair`: the two head blocks of a
     token in a 2-CTA cluster, each CTA dequantizing half of every block for both (`cluster`;
-    NoPE rows, two head blocks, one split, the output split off, no helpers)."""
+    NoPE rows, two head blocks, one split, the output split off, no helper rows)."""
     if q_regs is None:
         q_regs = wide_q_reg_tiles(rope, installed_triton())
     if not 0 <= q_regs <= 3:
@@ -396,7 +396,7 @@ def plan_hopper_wide(
     if pair and (rope or head_blocks != 2 or splits != 1 or not pv_split or helpers):
         raise ValueError(
             "2-CTA pairs take NoPE rows at two head blocks (128 heads) in one split, with the "
-            "output split off and no helpers"
+            "output split off and no helper rows"
         )
     return LaunchPlan(
         WIDE_BLOCK_H,
