@@ -308,6 +308,116 @@ def test_64_head_kernel_compiles_for_sm90_within_its_budget(case):
     assert build.problems == [], build.problems
 
 
+def test_128_heads_run_as_2cta_pairs_where_the_plan_allows():
+    """NoPE rows at two head blocks in one split with the output split off: the head blocks of
+    a token run as a 2-CTA cluster, in WIDE_PAIR_SLOTS ring slots, without helper rows (measured
+    faster on the H200). Elsewhere, or when helpers are asked for, the plan stays unpaired; a
+    pair it cannot run is a ValueError."""
+    from nopebench.impls.native.constants import WIDE_PAIR_SLOTS
+
+    for tokens, heads in ((64, 128), (512, 128), (200, 100)):
+        plan = plan_hopper_wide(tokens, heads, 2176, 132)
+        assert (plan.pair, plan.num_stages, plan.helpers) == (True, WIDE_PAIR_SLOTS, 0)
+        assert plan.grid(tokens) == (2 * tokens,)  # head block = program id mod 2
+    for tokens, heads, kw in (
+        (512, 64, {}),
+        (8, 128, {}),  # split: programs of a few blocks keep the scorer's left half
+        (512, 128, dict(rope=True)),
+        (512, 128, dict(helpers=8)),
+        (512, 128, dict(helpers=0)),
+        (512, 128, dict(pv_split=False)),
+    ):
+        assert not plan_hopper_wide(tokens, heads, 2176, 132, **kw).pair, (tokens, heads, kw)
+    assert plan_hopper_wide(512, 128, 2176, 132, pair=True, slots=3).num_stages == 3
+    for tokens, heads, kw in (
+        (512, 64, {}),
+        (8, 128, {}),
+        (512, 128, dict(rope=True)),
+        (512, 128, dict(helpers=8)),
+        (512, 128, dict(pv_split=False)),
+    ):
+        with pytest.raises(ValueError, match="2-CTA pairs"):
+            plan_hopper_wide(tokens, heads, 2176, 132, pair=True, **kw)
+
+
+def test_2cta_launch_asks_triton_for_clusters_of_two():
+    """The pair kernel is compiled for one CTA; its launch metadata then asks Triton's launcher
+    for clusters of two (which launches grid x 2 CTAs), keeping warps and shared memory."""
+    from nopebench.impls.native import cluster
+
+    class Compiled:
+        packed_metadata = (4, 1, 231368)
+
+    compiled = Compiled()
+    cluster.launch_in_pairs(compiled)
+    assert compiled.packed_metadata == (4, 2, 231368)
+    cluster.launch_in_pairs(compiled)  # again: unchanged
+    assert compiled.packed_metadata == (4, 2, 231368)
+
+
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="on a GPU the kernel itself runs in the GPU tests"
+)
+def test_2cta_kernel_finds_its_partner_offsets_in_the_compiled_allocation():
+    """Compile-only: the replayed allocation of the pair kernel gives the compiled kernel's total
+    and the four tiles equally spaced (each [2, 64, 128] bf16), the barriers 8-byte aligned; the
+    kernel built with them stores into the partner (st.async) and joins the cluster barrier."""
+    if (reason := hopper_build.gluon_missing()) is not None:
+        pytest.skip(reason)
+    from nopebench.impls.native import cluster
+    from nopebench.impls.native import hopper_wide_decode as wide
+
+    plan = plan_hopper_wide(512, 128, 2176, 132)
+    constants, options = wide.launch_constants(plan, 528)
+    assert constants["PAIR"] and constants["KV_OFF"] == 0  # placeholders change no allocation
+    compiled, *_ = hopper_build._compile(wide.hopper_wide_decode_kernel, constants, options)
+    found = cluster.smem_offsets(compiled, wide.PAIR_ALLOCATIONS)
+    offsets = wide.pair_offsets(found)
+    assert len(found["kv_bufs"]) == 4 and offsets["KV_STEP"] == 2 * 64 * 128 * 2
+    assert offsets["FULL_OFF"] % 8 == 0 and offsets["EMPTY_OFF"] % 8 == 0
+    assert offsets["KV_OFF"] + 4 * offsets["KV_STEP"] <= compiled.metadata.shared
+    with pytest.raises(RuntimeError, match="no shared allocation named"):
+        cluster.smem_offsets(compiled, ("no_such_buffer",))
+    with pytest.raises(ValueError, match="equally spaced"):
+        wide.pair_offsets({**found, "kv_bufs": [0, 10, 30, 40]})
+    build = hopper_build.compile_wide_shape(128, 512)
+    assert build.problems == [], build.problems
+    constants, options = wide.launch_constants(plan, 528, offsets)
+    ptx = hopper_build._compile(wide.hopper_wide_decode_kernel, constants, options)[0].asm["ptx"]
+    assert "st.async.shared::cluster" in ptx and "barrier.cluster.wait" in ptx
+
+
+def test_partner_store_offsets_follow_tritons_128_byte_swizzle():
+    """`cluster._swizzled`'s byte offsets (where each row's lanes of a [64, 128] bf16 tile lie)
+    are those of Triton's own NVMMA shared layout for the tile, read from its linear layout
+    (Triton 3.9 or later: 3.6 asserts on the linear form of a shared layout)."""
+    triton = pytest.importorskip("triton")
+    if tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 9):
+        pytest.skip(f"Triton {triton.__version__} cannot give a shared layout's linear form")
+    from triton._C.libtriton import gluon_ir, ir
+    from triton.experimental.gluon import language as gl
+
+    ctx = ir.context()
+    ir.load_dialects(ctx)
+    builder = gluon_ir.GluonOpBuilder(ctx)
+    layout = gl.NVMMASharedLayout.get_default_for([64, 128], gl.bfloat16)
+    bases = builder.to_linear_layout(layout._to_ir(builder), [64, 128]).offset_bases
+    rows = torch.arange(64).view(-1, 1)
+    cols = torch.arange(128).view(1, -1)
+    # The element at each offset, from the bases (offset bit k adds bases[k], XOR-combined).
+    where = {}
+    for offset in range(64 * 128):
+        r = c = 0
+        for k, (br, bc) in enumerate(bases):
+            if offset >> k & 1:
+                r, c = r ^ br, c ^ bc
+        where[(r, c)] = offset * 2
+    chunk = ((cols % 64) // 8) ^ (rows % 8)
+    ours = (cols // 64) * (64 * 128) + rows * 128 + chunk * 16 + (cols % 8) * 2
+    theirs = torch.tensor([[where[(r, c)] for c in range(128)] for r in range(64)])
+    assert torch.equal(ours, theirs)
+
+
 def test_warp_specialised_shared_memory_model_covers_the_compiled_kernels():
     """Shared bytes of the warp-specialised kernel compiled for sm_90 by Triton 3.6 (the H200's)
     and 3.9, in the shapes plan_hopper_ws emits; the model must cover both, tightly. With RoPE

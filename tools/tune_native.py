@@ -134,10 +134,11 @@ def hopper_variants(
             dict(kernel="hopper_wide", helpers=16),
         ]
     if heads > 64 and not rope:
-        # The two head blocks in 2-CTA clusters, each CTA dequantizing half of every block.
+        # The plan runs the two head blocks in 2-CTA clusters where it can (each CTA
+        # dequantizing half of every block, two ring slots): also three slots, and unpaired.
         cands += [
-            dict(kernel="hopper_wide", pair=True),
-            dict(kernel="hopper_wide", pair=True, slots=2),
+            dict(kernel="hopper_wide", pair=True, slots=3),
+            dict(kernel="hopper_wide", pair=False),
         ]
     if heads > 32 and rope:
         # With RoPE lanes (32-row blocks) shared memory has room for a third tile, a second P

@@ -245,10 +245,20 @@ def compile_wide_shape(heads: int, tokens: int, rope: bool = False) -> KernelBui
     from nopebench.impls.native import hopper_wide_decode as wide
 
     plan = plan_hopper_wide(tokens, heads, 2176, rope=rope)
-    constants, options = wide.launch_constants(plan, g.row_bytes_read(ROPE_DIM if rope else 0))
+    row_bytes = g.row_bytes_read(ROPE_DIM if rope else 0)
+    constants, options = wide.launch_constants(plan, row_bytes)
     compiled, seconds, registers, stack = _compile(
         wide.hopper_wide_decode_kernel, constants, options
     )
+    if plan.pair:  # as the launcher does: the partner's offsets from this build, then the kernel
+        from nopebench.impls.native import cluster
+
+        offsets = wide.pair_offsets(cluster.smem_offsets(compiled, wide.PAIR_ALLOCATIONS))
+        constants, options = wide.launch_constants(plan, row_bytes, offsets)
+        compiled, more, registers, stack = _compile(
+            wide.hopper_wide_decode_kernel, constants, options
+        )
+        seconds += more
     return KernelBuild(
         plan.block_h,
         plan.block_n,

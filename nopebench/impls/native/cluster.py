@@ -147,14 +147,13 @@ def launch_in_pairs(compiled) -> None:
     compiled.packed_metadata = (num_warps, 2, shared)
 
 
-_STORE = gl.constexpr("""{
-.reg .b32 a, rb;
+_WINDOW = gl.constexpr("""{
+.reg .b32 a;
 mov.u32 a, global_smem;
-add.u32 rb, a, $20;
-add.u32 a, a, $12;
-mapa.shared::cluster.u32 a, a, $28;
-mapa.shared::cluster.u32 rb, rb, $28;
-st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [a], {$8, $9, $10, $11}, [rb];
+mapa.shared::cluster.u32 $0, a, $1;
+}""")
+_STORE = gl.constexpr("""
+st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [$12], {$8, $9, $10, $11}, [$20];
 mov.u32 $0, 0;
 mov.u32 $1, 0;
 mov.u32 $2, 0;
@@ -163,18 +162,29 @@ mov.u32 $4, 0;
 mov.u32 $5, 0;
 mov.u32 $6, 0;
 mov.u32 $7, 0;
-}""")
+""")
 
 
 @gluon.jit
-def _store_partner(vals, off, bar, partner):
-    """Each run of 8 bf16 a thread holds (16 bytes, one row) to byte offset `off` (its first
-    element's) of CTA `partner`'s shared memory, completing on its mbarrier at `bar`."""
+def _partner_window(partner):
+    """The address of CTA `partner`'s shared memory in the cluster's window (where its byte
+    offset 0 is), in `partner`'s shape and layout: each CTA's shared memory is one contiguous
+    range there, so its byte offset o is at this + o."""
+    return gl.inline_asm_elementwise(
+        _WINDOW, "=r,r", [partner], dtype=gl.int32, is_pure=True, pack=1
+    )
+
+
+@gluon.jit
+def _store_partner(vals, addr, bar):
+    """Each run of 8 bf16 a thread holds (16 bytes, one row) to cluster-window address `addr`
+    (its first element's, `_partner_window` + byte offset), completing on the mbarrier at
+    cluster-window address `bar`."""
     gl.inline_asm_elementwise(
         _STORE,
         # (with pack 8, Triton passes the 8 bf16 as four 32-bit words, low element first)
-        "=r," * 8 + "r," * 27 + "r",
-        [vals, off, bar, partner],
+        "=r," * 8 + "r," * 19 + "r",
+        [vals, addr, bar],
         dtype=gl.int32,
         is_pure=False,
         pack=8,

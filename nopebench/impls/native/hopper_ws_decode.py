@@ -40,7 +40,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from nopebench.impls.native.cluster import _store_partner, _swizzled
+from nopebench.impls.native.cluster import _partner_window, _store_partner, _swizzled
 from nopebench.impls.native.hopper_decode import (
     ROPE_OFFSET,
     TILE,
@@ -358,6 +358,8 @@ def _producer(
         total = blocks_in_use(item[3], item[4], item[5], BLOCKS, BLOCK_N, P_WARPS)
     else:
         total = gl.cdiv(items - pid, nprog) * BLOCKS
+    if SEND:  # the partner's shared memory, as an address in the cluster's window
+        window = _partner_window(gl.full([SUB, TILE], 0, gl.int32, deq) + partner)
     for g in range(total):
         b = g % bufs
         mbarrier.wait(empty_bars.index(b), ((g // bufs) & 1) ^ 1)  # tile b is free (all start free)
@@ -392,12 +394,11 @@ def _producer(
                 if SEND:
                     kvb = kv.to(gl.bfloat16)
                     kv_bufs[t].index(b).slice((FIRST + jj) * SUB, SUB).store(kvb)
-                    off = _swizzled(FIRST * SUB + jj * SUB, SUB, BLOCK_N, deq)
+                    at = window + _swizzled((FIRST + jj) * SUB, SUB, BLOCK_N, deq)
                     _store_partner(
                         kvb,
-                        off + (KV_OFF + t * KV_STEP) + b * (BLOCK_N * TILE * 2),
-                        off * 0 + (FULL_OFF + 8 * b),
-                        off * 0 + partner,
+                        at + (KV_OFF + t * KV_STEP) + b * (BLOCK_N * TILE * 2),
+                        window + (FULL_OFF + 8 * b),
                     )
                 else:
                     kv_bufs[t].index(b).slice((FIRST + jj) * SUB, SUB).store(kv.to(gl.bfloat16))

@@ -21,6 +21,7 @@ from nopebench.impls.native.constants import (
     WIDE_HELP_ROWS,
     WIDE_KV_BUFS,
     WIDE_P_BUFS,
+    WIDE_PAIR_SLOTS,
     WIDE_PV_SPLIT_MIN_BLOCKS,
     WIDE_Q_REG_TILES,
     WIDE_RING_ROWS,
@@ -350,7 +351,7 @@ def plan_hopper_wide(
     q_regs: int | None = None,
     pv_split: bool | None = None,
     helpers: int | None = None,
-    pair: bool = False,
+    pair: bool | None = None,
 ) -> LaunchPlan:
     """Launch shape for the 64-head SM90 kernel: as many producer ring slots as shared memory
     holds beside `kv_bufs` tiles and `p_bufs` P tiles (three for NoPE rows; WIDE_ROPE_SLOTS with
@@ -363,14 +364,24 @@ def plan_hopper_wide(
     blocks or more; `helpers`: rows of every block each of them dequantizes beside the producer
     (0, 8 or 16; by default WIDE_HELP_ROWS with `pv_split`). `pair`: the two head blocks of a
     token in a 2-CTA cluster, each CTA dequantizing half of every block for both (`cluster`;
-    NoPE rows, two head blocks, one split, the output split off, no helper rows)."""
+    NoPE rows, two head blocks, one split, the output split off, no helper rows), by default
+    wherever that holds and `helpers` is not given, in WIDE_PAIR_SLOTS ring slots."""
     if q_regs is None:
         q_regs = wide_q_reg_tiles(rope, installed_triton())
     if not 0 <= q_regs <= 3:
         raise ValueError(f"the scorer holds 0 to 3 of q's latent tiles in registers, not {q_regs}")
     block_n = wide_block_n(rope)
+    head_blocks, splits, per_split = _split_one_per_sm(
+        tokens, heads, width, WIDE_BLOCK_H, block_n, sms, splits, fill=-(-sms // 2)
+    )
+    if pv_split is None:
+        pv_split = not rope and per_split // block_n >= WIDE_PV_SPLIT_MIN_BLOCKS
+    if pair is None:
+        pair = helpers is None and not rope and head_blocks == 2 and splits == 1 and pv_split
     if slots is None and rope:
         slots = WIDE_ROPE_SLOTS
+    if slots is None and pair:
+        slots = WIDE_PAIR_SLOTS
     if slots is None:
         slots = 1
         while wide_smem_bytes(slots + 1, rope, kv_bufs, p_bufs) <= HOPPER_SMEM:
@@ -380,11 +391,6 @@ def plan_hopper_wide(
             f"{slots} ring slots, {kv_bufs} tiles and {p_bufs} P tiles need more shared memory "
             "than SM90 has"
         )
-    head_blocks, splits, per_split = _split_one_per_sm(
-        tokens, heads, width, WIDE_BLOCK_H, block_n, sms, splits, fill=-(-sms // 2)
-    )
-    if pv_split is None:
-        pv_split = not rope and per_split // block_n >= WIDE_PV_SPLIT_MIN_BLOCKS
     if helpers is None:
         helpers = WIDE_HELP_ROWS if pv_split and not rope and not pair else 0
     if helpers not in (0, 8, 16):
