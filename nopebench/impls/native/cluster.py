@@ -2,22 +2,23 @@
 
 At 128 heads the two head blocks of a query token read the same rows, and each program would
 gather and dequantize all of them. Launched as a cluster of two CTAs (the two head blocks), each
-CTA dequantizes half of every block into its own tile and copies that half into its partner's
-tile over the cluster's shared-memory network (distributed shared memory): each does half the
-producer's work.
+CTA dequantizes half of every block and stores it into its own tile and into its partner's, over
+the cluster's shared-memory network (distributed shared memory): each does half the producer's
+work.
 
-Triton's Gluon on the H200 (3.6) has no operations for another CTA's shared memory, so the few
+Triton's Gluon on the H200 (3.6) has no operations on another CTA's shared memory, so the few
 that are needed are inline PTX here:
 - `_cluster_sync`: a barrier across both CTAs (every thread of both); it also publishes the
   mbarrier initialisations to the partner;
-- `_send_rows`: one bulk copy (`cp.async.bulk` shared::cta -> shared::cluster) of a range of this
-  CTA's shared memory to the same range of the partner's, completing its bytes on one of the
-  partner's mbarriers;
+- `_partner_window` and `_store_partner`: where the partner's shared memory lies in the
+  cluster's window (`mapa`), and 16-byte stores into it (`st.async`) that complete their bytes
+  on one of the partner's mbarriers;
 - `_arrive_partner`: an arrive on one of the partner's mbarriers.
 They address shared memory by byte offset from the CTA's shared window (`global_smem`, where
 Triton places every allocation). The offsets Triton gives the kernel's allocations come from its
-own allocation pass, replayed here on the compiled kernel (`smem_offsets`), and checked against
-the compiled kernel's total.
+own allocation pass, replayed here on the compiled kernel (`smem_offsets`) and checked against
+the compiled kernel's total; `_swizzled` gives the byte offset of each element of a tile in
+Triton's 128-byte swizzle (a CPU test checks it against Triton's own layout).
 
 The kernel is compiled as for one CTA (program ids stay per CTA, so the pair is ranks
 pid % 2); `launch_in_pairs` makes Triton's launcher start it in clusters of two.

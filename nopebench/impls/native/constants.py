@@ -56,5 +56,5 @@ WIDE_PV_SPLIT_MIN_BLOCKS = 8
 # At 128 heads (two head blocks, NoPE rows, one split, the output split off) the head blocks run
 # as 2-CTA clusters, each CTA dequantizing half of every block into both CTAs' tiles
 # (`cluster`), in WIDE_PAIR_SLOTS ring slots: on the H200 2-4% faster than unpaired programs
-# with helpers at 64-512 tokens, three slots 1-3% slower than two.
+# with helpers at 64-512 tokens, three slots 2-5% slower than two.
 WIDE_PAIR_SLOTS = 2
