@@ -801,8 +801,7 @@ def _wide_producer(
         _cluster_sync(P_WARPS)
         half: gl.constexpr = BLOCK_N // (8 * P_WARPS)  # sub-blocks in half a block
         # One call per rank: the rows a rank fills are a constexpr (shared-memory slices take
-        # constexpr starts). (A static loop over the ranks, one call, compiles to other PTX than
-        # the one the H200 measured.)
+        # constexpr starts).
         if gl.program_id(0) % 2 == 0:
             _producer(
                 cache_ptr,
