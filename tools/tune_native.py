@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import sys
 import time
@@ -299,6 +300,12 @@ def main() -> int:
         default=None,
         help="with --hopper: only this kernel's variants (hopper, hopper_ws or hopper_wide)",
     )
+    ap.add_argument(
+        "--variants",
+        default=None,
+        help="with --hopper: a JSON list of variants to time instead of the kernel's own "
+        '(build_plan\'s keys, e.g. \'[{"kernel": "hopper_wide", "p_bufs": 2}]\')',
+    )
     args = ap.parse_args()
     out_dir = Path(os.environ.get("OUT", "tune-out"))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -332,6 +339,8 @@ def main() -> int:
             if args.hopper:
                 vs = hopper_variants(heads, tokens, bool(rope), args.few_scan, args.wave_scan)
                 vs = [v for v in vs if args.kernel in (None, v.get("kernel"))]
+                if args.variants:
+                    vs = json.loads(args.variants)
             elif args.explore:
                 vs = explore(heads, tokens)
             else:
