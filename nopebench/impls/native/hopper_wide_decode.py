@@ -834,6 +834,7 @@ def _wide_producer(
                 KV_OFF,
                 KV_STEP,
                 FULL_OFF,
+                EARLY_REFILL=not ROPE,
             )
         else:
             _producer(
@@ -867,6 +868,7 @@ def _wide_producer(
                 KV_OFF,
                 KV_STEP,
                 FULL_OFF,
+                EARLY_REFILL=not ROPE,
             )
         _cluster_sync(P_WARPS)
     else:
@@ -895,6 +897,7 @@ def _wide_producer(
             ONE_SPLIT,
             True,
             OWN,
+            EARLY_REFILL=not ROPE,
         )
 
 
