@@ -275,8 +275,7 @@ def _refill(
     k + RING_SLOTS, whose index entries it holds, and the index entries of k + 2 RING_SLOTS.
     The layouts are the producer's."""
     rows_g: gl.constexpr = gl.SliceLayout(1, gather)
-    # Dequantized: refill the slot with sub-block k + RING_SLOTS (cp.async zero-fills
-    # entries past `end`, so the range mask is applied again here).
+    # (cp.async zero-fills entries past `end`, so the range mask is applied again here.)
     _, n1, end1 = _sub_block(
         _owned(k + RING_SLOTS, OWN, SUBS, FIRST),
         stream,
@@ -520,7 +519,7 @@ def _producer(
                     )
                 else:
                     kv_bufs[t].index(b).slice((FIRST + jj) * SUB, SUB).store(kv.to(gl.bfloat16))
-            if not EARLY_REFILL:
+            if not EARLY_REFILL:  # the slot is dequantized: refill it
                 _refill(
                     k,
                     slot,
