@@ -272,6 +272,20 @@ def build_plan(tokens: int, heads: int, v: dict, rope: bool = False) -> LaunchPl
     )
 
 
+def _parse_variants(ap: argparse.ArgumentParser, args: argparse.Namespace) -> list[dict]:
+    """--variants, read once before any GPU work: a JSON list of objects, with --hopper (else
+    one line from argparse and exit 2)."""
+    if not args.hopper:
+        ap.error("--variants needs --hopper")
+    try:
+        given = json.loads(args.variants)
+    except json.JSONDecodeError as exc:
+        ap.error(f"--variants is not JSON: {exc}")
+    if not isinstance(given, list) or not all(isinstance(v, dict) for v in given):
+        ap.error("--variants must be a JSON list of objects")
+    return given
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -307,6 +321,7 @@ def main() -> int:
         '(build_plan\'s keys, e.g. \'[{"kernel": "hopper_wide", "p_bufs": 2}]\')',
     )
     args = ap.parse_args()
+    given = _parse_variants(ap, args) if args.variants else None
     out_dir = Path(os.environ.get("OUT", "tune-out"))
     out_dir.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator(device="cuda").manual_seed(1234)
@@ -339,8 +354,8 @@ def main() -> int:
             if args.hopper:
                 vs = hopper_variants(heads, tokens, bool(rope), args.few_scan, args.wave_scan)
                 vs = [v for v in vs if args.kernel in (None, v.get("kernel"))]
-                if args.variants:
-                    vs = json.loads(args.variants)
+                if given is not None:
+                    vs = given
             elif args.explore:
                 vs = explore(heads, tokens)
             else:
