@@ -233,13 +233,25 @@ def _tile_scale(scales, tile_of, t: gl.constexpr, AS_INT: gl.constexpr):
 
 
 @gluon.jit
-def _owned(k, OWN: gl.constexpr, SUBS: gl.constexpr, FIRST: gl.constexpr = 0):
+def _owned(
+    k, OWN: gl.constexpr, SUBS: gl.constexpr, FIRST: gl.constexpr = 0, STRIDE: gl.constexpr = 1
+):
     """The program's sub-block ordinal of a producer's k-th sub-block, when it fills OWN
-    sub-blocks of every block of SUBS, from sub-block FIRST on."""
+    sub-blocks of every block of SUBS: FIRST, FIRST + STRIDE, ..."""
     if OWN == SUBS:
         return k
     else:
-        return (k // OWN) * SUBS + FIRST + k % OWN
+        return (k // OWN) * SUBS + FIRST + (k % OWN) * STRIDE
+
+
+@gluon.constexpr_function
+def _half_wait(jj, FIRST, STRIDE, SUB, BLOCK_N):
+    """With tiles given back by row halves: the row half (0 or 1) whose empty barrier a
+    producer waits for before its jj-th sub-block of a block (rows (FIRST + jj STRIDE) SUB..),
+    or -1 where the sub-block before it lies in the same half, so the wait has been made."""
+    half = (FIRST + jj * STRIDE) * SUB // (BLOCK_N // 2)
+    before = (FIRST + (jj - 1) * STRIDE) * SUB // (BLOCK_N // 2)
+    return half if jj == 0 or half != before else -1
 
 
 @gluon.jit
@@ -270,6 +282,7 @@ def _refill(
     scales_l: gl.constexpr,
     rope_gather: gl.constexpr,
     idx_l: gl.constexpr,
+    STRIDE: gl.constexpr = 1,
 ):
     """`_producer`'s refill of ring slot `slot` (its k-th sub-block's) with sub-block
     k + RING_SLOTS, whose index entries it holds, and the index entries of k + 2 RING_SLOTS.
@@ -277,7 +290,7 @@ def _refill(
     rows_g: gl.constexpr = gl.SliceLayout(1, gather)
     # (cp.async zero-fills entries past `end`, so the range mask is applied again here.)
     _, n1, end1 = _sub_block(
-        _owned(k + RING_SLOTS, OWN, SUBS, FIRST),
+        _owned(k + RING_SLOTS, OWN, SUBS, FIRST, STRIDE),
         stream,
         idx_ptr,
         width,
@@ -291,7 +304,7 @@ def _refill(
     offs = n1 + gl.arange(0, SUB, layout=rows_g)
     idx = gl.where(offs < end1, idx_ring.index(slot).load(rows_g), -1)
     nrow, nn0, nend = _sub_block(
-        _owned(k + 2 * RING_SLOTS, OWN, SUBS, FIRST),
+        _owned(k + 2 * RING_SLOTS, OWN, SUBS, FIRST, STRIDE),
         stream,
         idx_ptr,
         width,
@@ -355,6 +368,8 @@ def _producer(
     KV_STEP: gl.constexpr = 0,
     FULL_OFF: gl.constexpr = 0,
     EARLY_REFILL: gl.constexpr = False,
+    STRIDE: gl.constexpr = 1,
+    HALVES: gl.constexpr = False,
 ):
     """Gathers and dequantizes every block of every item into the tile the consumers freed (with
     ROPE, the rows' RoPE lanes into the RoPE tile beside it, bf16 as stored).
@@ -370,7 +385,10 @@ def _producer(
     EARLY_REFILL (NoPE rows): each ring slot is refilled as soon as its rows are in registers,
     and the tile is waited for after the block's first loads, so the next rows are in flight
     while the consumers still hold the tile (1-3% faster in the 64-head kernel on the H200; no
-    faster at 16-32 heads or with RoPE lanes)."""
+    faster at 16-32 heads or with RoPE lanes).
+    STRIDE: its sub-blocks of a block are FIRST, FIRST + STRIDE, ... (a pair's CTAs take every
+    other one). HALVES: the consumers give each tile back in two row halves, on empty barriers
+    2 b and 2 b + 1; each sub-block waits for its own half's (`_half_wait`)."""
     # The ring holds sub-blocks of SUB rows (one pass of the gather layout), so that while one is
     # being dequantized the other RING_SLOTS - 1 stay in flight. Sub-block k's group also brings
     # the index entries of sub-block k + RING_SLOTS, which refills its slot; the stream runs on
@@ -396,7 +414,7 @@ def _producer(
     pid, nprog, splits, items = stream
     for j in gl.static_range(RING_SLOTS):
         row, n0, end = _sub_block(
-            _owned(j, OWN, SUBS, FIRST),
+            _owned(j, OWN, SUBS, FIRST, STRIDE),
             stream,
             idx_ptr,
             width,
@@ -408,7 +426,7 @@ def _producer(
             ONE_ITEM,
         )
         nrow, nn0, nend = _sub_block(
-            _owned(j + RING_SLOTS, OWN, SUBS, FIRST),
+            _owned(j + RING_SLOTS, OWN, SUBS, FIRST, STRIDE),
             stream,
             idx_ptr,
             width,
@@ -447,7 +465,7 @@ def _producer(
         window = _partner_window(gl.full([SUB, TILE], 0, gl.int32, deq) + partner)
     for g in range(total):
         b = g % bufs
-        if not EARLY_REFILL:  # tile b is free (all start free)
+        if not EARLY_REFILL and not HALVES:  # tile b is free (all start free)
             mbarrier.wait(empty_bars.index(b), ((g // bufs) & 1) ^ 1)
         for jj in gl.static_range(OWN):
             k = g * OWN + jj  # this producer's sub-blocks, counted in its ring
@@ -459,7 +477,7 @@ def _producer(
                 # The RoPE lanes go to the tile as stored (bf16, no conversion), before the
                 # dequantization so that their registers are free again for it (copied after
                 # it, Triton 3.9 spilled 8 bytes in the producer at 16 heads).
-                rope_bufs.index(b).slice((FIRST + jj) * SUB, SUB).store(
+                rope_bufs.index(b).slice((FIRST + jj * STRIDE) * SUB, SUB).store(
                     raw_r.index(slot).load(rope_gather)
                 )
             # The slot's loads, then the tile's stores (timed the same as interleaving them).
@@ -498,9 +516,17 @@ def _producer(
                     scales_l,
                     rope_gather,
                     idx_l,
+                    STRIDE,
                 )
-                if jj == 0:
+                if jj == 0 and not HALVES:
                     mbarrier.wait(empty_bars.index(b), ((g // bufs) & 1) ^ 1)
+            # (constexpr ifs: the wait is compiled where a sub-block starts a half)
+            if HALVES:  # noqa: SIM102
+                if _half_wait(jj, FIRST, STRIDE, SUB, BLOCK_N) >= 0:
+                    mbarrier.wait(
+                        empty_bars.index(2 * b + _half_wait(jj, FIRST, STRIDE, SUB, BLOCK_N)),
+                        ((g // bufs) & 1) ^ 1,
+                    )
             for t in gl.static_range(4):
                 scale = gl.convert_layout(
                     _tile_scale(scales, tile_of, t, ONE_ITEM), gl.SliceLayout(1, deq)
@@ -510,15 +536,17 @@ def _producer(
                 )
                 if SEND:
                     kvb = kv.to(gl.bfloat16)
-                    kv_bufs[t].index(b).slice((FIRST + jj) * SUB, SUB).store(kvb)
-                    at = window + _swizzled((FIRST + jj) * SUB, SUB, BLOCK_N, deq)
+                    kv_bufs[t].index(b).slice((FIRST + jj * STRIDE) * SUB, SUB).store(kvb)
+                    at = window + _swizzled((FIRST + jj * STRIDE) * SUB, SUB, BLOCK_N, deq)
                     _store_partner(
                         kvb,
                         at + (KV_OFF + t * KV_STEP) + b * (BLOCK_N * TILE * 2),
                         window + (FULL_OFF + 8 * b),
                     )
                 else:
-                    kv_bufs[t].index(b).slice((FIRST + jj) * SUB, SUB).store(kv.to(gl.bfloat16))
+                    kv_bufs[t].index(b).slice((FIRST + jj * STRIDE) * SUB, SUB).store(
+                        kv.to(gl.bfloat16)
+                    )
             if not EARLY_REFILL:  # the slot is dequantized: refill it
                 _refill(
                     k,
@@ -547,6 +575,7 @@ def _producer(
                     scales_l,
                     rope_gather,
                     idx_l,
+                    STRIDE,
                 )
         fence_async_shared()  # generic-proxy stores -> the consumers' wgmma (async proxy)
         if SEND:
