@@ -355,38 +355,6 @@ def test_2cta_launch_asks_triton_for_clusters_of_two():
     assert compiled.packed_metadata == (4, 2, 231368)
 
 
-def test_row_half_release_is_a_plan_option_for_split_nope_rows_only():
-    """Tiles given back by row halves: off unless asked for, carried by the plan to the kernel's
-    constexprs; asked for with RoPE rows or without the output split off it is a ValueError."""
-    from nopebench.impls.native import hopper_wide_decode as wide
-
-    assert not plan_hopper_wide(512, 128, 2176, 132).halves
-    for tokens, heads in ((512, 64), (512, 128), (64, 64)):
-        plan = plan_hopper_wide(tokens, heads, 2176, 132, halves=True)
-        assert plan.halves and plan.pv_split
-        assert wide.launch_constants(plan, 528)[0]["HALVES"]
-    assert plan_hopper_wide(512, 128, 2176, 132, halves=True).pair  # pairs keep their plan
-    for kw in (dict(rope=True), dict(pv_split=False)):
-        with pytest.raises(ValueError, match="row halves"):
-            plan_hopper_wide(512, 64, 2176, 132, halves=True, **kw)
-
-
-@pytest.mark.skipif(
-    torch.cuda.is_available(), reason="on a GPU the kernel itself runs in the GPU tests"
-)
-@pytest.mark.parametrize("heads, tokens", [(64, 512), (128, 512), (64, 64)])
-def test_row_half_release_compiles_spill_free(heads, tokens):
-    """Compile-only: the 64-head kernel giving tiles back by row halves (with helper rows at 64
-    heads, as a pair at 128, split at 64 x 64) uses wgmma, spills nothing and fits the planner's
-    shared memory; each output warpgroup retires the first half's products on a wait that
-    leaves the second half's two outstanding."""
-    if (reason := hopper_build.gluon_missing()) is not None:
-        pytest.skip(reason)
-    build = hopper_build.compile_wide_shape(heads, tokens, halves=True)
-    assert build.kernel == "hopper_wide" and build.has_wgmma
-    assert build.problems == [], build.problems
-
-
 @pytest.mark.skipif(
     torch.cuda.is_available(), reason="on a GPU the kernel itself runs in the GPU tests"
 )
@@ -794,33 +762,6 @@ def test_2cta_pairs_match_the_reference_on_gpu(heads, tokens, width, row_bytes):
     )
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     plan = plan_hopper_wide(tokens, heads, width, sms, pair=True)
-    got = native_decode(q, cache, idx, SCALE, 0, plan)
-    got.out.fill_(float("nan"))
-    got = native_decode(q, cache, idx, SCALE, 0, plan)
-    assert_matches_reference(got, q, cache, idx, 0)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize(
-    "heads, tokens, helpers",
-    [(64, 64, None), (64, 200, None), (64, 64, 0), (128, 64, None), (100, 64, None)],
-)
-@pytest.mark.parametrize("width", [2048, 2176])
-@pytest.mark.parametrize("row_bytes", [528, 656])
-def test_row_half_release_matches_the_reference_on_gpu(heads, tokens, helpers, width, row_bytes):
-    """The 64-head kernel giving each tile back by row halves (with and without helper rows, and
-    as 2-CTA pairs at 100-128 heads, whose CTAs then fill every other ring sub-block): every
-    query token under the strict rule, outputs poisoned first."""
-    from nopebench.impls.native.adapter import hopper_available, native_decode
-
-    if not hopper_available(0):
-        pytest.skip("the Hopper kernels need an SM90 GPU and Triton's Gluon")
-    q, cache, idx = decode_inputs(
-        heads, tokens, width, 0, row_bytes, "cuda", seed=3 * heads + tokens + width, rows=4096
-    )
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    plan = plan_hopper_wide(tokens, heads, width, sms, halves=True, helpers=helpers)
-    assert plan.halves and plan.pair == (heads > 64 and helpers is None)
     got = native_decode(q, cache, idx, SCALE, 0, plan)
     got.out.fill_(float("nan"))
     got = native_decode(q, cache, idx, SCALE, 0, plan)

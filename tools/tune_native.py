@@ -226,7 +226,7 @@ def build_plan(tokens: int, heads: int, v: dict, rope: bool = False) -> LaunchPl
             rope=rope,
             **{
                 k: v[k]
-                for k in ("kv_bufs", "p_bufs", "q_regs", "pv_split", "helpers", "pair", "halves")
+                for k in ("kv_bufs", "p_bufs", "q_regs", "pv_split", "helpers", "pair")
                 if k in v
             },
         )
@@ -422,7 +422,6 @@ def main() -> int:
                             "pv_split",
                             "helpers",
                             "pair",
-                            "halves",
                             "passed",
                             "max_abs_err",
                             "median_ms",
@@ -446,7 +445,7 @@ def main() -> int:
             f"H={h:<4} T={t:<4} {m:5} {b.median_ms:.4f} ms  bn={b.block_n} w={b.num_warps} "
             f"pf={b.prefetch} "
             f"st={b.num_stages} sp={b.splits} kv={b.kv_bufs} p={b.p_bufs} q={b.q_regs} "
-            f"pv={b.pv_split} h={b.helpers} pair={b.pair} halves={b.halves} "
+            f"pv={b.pv_split} h={b.helpers} pair={b.pair} "
             f"{b.kernel}{' split' if b.role_split else ''} "
             f"{b.tbps:.2f} TB/s "
             f"{b.tflops:.0f} TFLOP/s"

@@ -122,7 +122,6 @@ def launch_constants(plan, row_bytes: int, offsets: dict | None = None) -> tuple
         PV_SPLIT=plan.pv_split,
         HELPERS=plan.helpers,  # rows of every block each output warpgroup dequantizes
         PAIR=plan.pair,
-        HALVES=plan.halves,
         **(offsets or PLACEHOLDER_OFFSETS),
     )
     return constants, {"num_warps": 4, "maxnreg": launch_regs(plan.pv_split)}
@@ -279,30 +278,6 @@ def _half_product(p, kv_bufs, b, oa, ob, alpha, HALF: gl.constexpr, o_layout: gl
     oa = warpgroup_mma(p, kv_bufs[2 * HALF].index(b), oa, is_async=True)
     ob = warpgroup_mma(p, kv_bufs[2 * HALF + 1].index(b), ob, is_async=True)
     return oa, ob
-
-
-@gluon.jit
-def _half_product_rows(
-    p_tile, kv_bufs, b, oa, ob, alpha, HALF: gl.constexpr, o_layout: gl.constexpr
-):
-    """`_half_product` by row halves of the tile: the first half's two wgmma, then the second's,
-    four in flight, so a wait that leaves two outstanding retires the first half's reads."""
-    n: gl.constexpr = p_tile.shape[1] // 2
-    a_o = gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-    oa = oa * a_o
-    ob = ob * a_o
-    for r in gl.static_range(2):
-        p = p_tile.slice(r * n, n, dim=1)
-        oa = warpgroup_mma(p, kv_bufs[2 * HALF].index(b).slice(r * n, n), oa, is_async=True)
-        ob = warpgroup_mma(p, kv_bufs[2 * HALF + 1].index(b).slice(r * n, n), ob, is_async=True)
-    return oa, ob
-
-
-@gluon.constexpr_function
-def _pair_first(rank, half_subs, halves):
-    """The first ring sub-block of a block a pair's CTA `rank` fills: by halves of the block
-    (CTA 0 the first), or with `halves` every other one (CTA 0 the even ones)."""
-    return rank if halves else rank * half_subs
 
 
 @gluon.jit
@@ -703,13 +678,11 @@ def _half(
     HELP: gl.constexpr,
     PAIR: gl.constexpr,
     EMPTY_OFF: gl.constexpr,
-    HALVES: gl.constexpr,
 ):
     """One half of O (HALF 1: the right, 0: the left) from the P the scorer shares; the tile
-    goes back after each block (HALVES: each half of its rows as soon as its product retired,
-    on empty barriers 2 b and 2 b + 1). The right warpgroup first stages q's latent lanes for
-    the scorer (which keeps its registers for the loop). With HELP > 0 it also dequantizes HELP
-    rows of every block into the tiles (`_load_rows`, `_store_rows`) and arrives on their full
+    goes back after each block. The right warpgroup first stages q's latent lanes for the scorer
+    (which keeps its registers for the loop). With HELP > 0 it also dequantizes HELP rows of
+    every block into the tiles (`_load_rows`, `_store_rows`) and arrives on their full
     barriers beside the producer.
     PAIR: one CTA of a 2-CTA cluster, whose producers fill both CTAs' tiles; each released tile
     is released in the partner too (its empty barrier at byte offset EMPTY_OFF), except the last
@@ -732,8 +705,6 @@ def _half(
     ob = gl.zeros([BLOCK_H, TILE], gl.float32, o_layout)
     bufs: gl.constexpr = kv_bufs[0].shape[0]
     p_bufs: gl.constexpr = p_smem.shape[0]
-    per_tile: gl.constexpr = 2 if HALVES else 1  # empty barriers a tile
-    last: gl.constexpr = per_tile - 1  # the one a tile's whole product retiring releases
     if HELP > 0:
         # This warpgroup also dequantizes HELP rows of every block (rows row0.., the producer the
         # rest), loaded straight into registers two blocks ahead: while it waits for P and runs
@@ -741,7 +712,6 @@ def _half(
         words: gl.constexpr = gl.BlockedLayout([1, 2], [2, 16], [4, 1], [1, 0])
         deq_scales: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])
         row0: gl.constexpr = BLOCK_N - (2 - HALF) * HELP
-        row_half: gl.constexpr = 2 * row0 // BLOCK_N if HALVES else 0  # the rows' empty barrier
         for b0 in gl.static_range(bufs):  # the first blocks' rows: every tile starts free
             rows = _load_rows(
                 cache_ptr,
@@ -773,27 +743,15 @@ def _half(
         if PAIR:  # the partner's rows came by st.async: fenced for this warpgroup's wgmma
             fence_async_shared()
         alpha = a_smem.index(pb).load(gl.SliceLayout(1, o_layout))
-        if HALVES:
-            oa, ob = _half_product_rows(
-                p_smem.index(pb), kv_bufs, i % bufs, oa, ob, alpha, HALF, o_layout
-            )
-            oa, ob = warpgroup_mma_wait(num_outstanding=2, deps=(oa, ob))
-            mbarrier.arrive(empty_bars.index(2 * (i % bufs)), count=1)  # the first half is read
-            if PAIR:  # noqa: SIM102 (a constexpr if: only the taken branch is compiled)
-                if i + bufs < blocks:
-                    _arrive_partner(lanes, EMPTY_OFF + 16 * (i % bufs), 1 - pid % 2)
-        else:
-            oa, ob = _half_product(
-                p_smem.index(pb), kv_bufs, i % bufs, oa, ob, alpha, HALF, o_layout
-            )
+        oa, ob = _half_product(p_smem.index(pb), kv_bufs, i % bufs, oa, ob, alpha, HALF, o_layout)
         oa, ob = warpgroup_mma_wait(num_outstanding=0, deps=(oa, ob))
         mbarrier.arrive(p_empty.index(pb), count=1)
-        mbarrier.arrive(empty_bars.index(per_tile * (i % bufs) + last), count=1)
+        mbarrier.arrive(empty_bars.index(i % bufs), count=1)
         if PAIR:  # noqa: SIM102 (a constexpr if: only the taken branch is compiled)
             if i + bufs < blocks:
-                _arrive_partner(lanes, EMPTY_OFF + 8 * (per_tile * (i % bufs) + last), 1 - pid % 2)
+                _arrive_partner(lanes, EMPTY_OFF + 8 * (i % bufs), 1 - pid % 2)
         if HELP > 0 and i + bufs < blocks:  # block i + bufs's rows, once the tile is free
-            mbarrier.wait(empty_bars.index(per_tile * (i % bufs) + row_half), (i // bufs) & 1)
+            mbarrier.wait(empty_bars.index(i % bufs), (i // bufs) & 1)
             _store_rows(ahead, kv_bufs, i % bufs, row0, HELP, words, deq_scales)
             fence_async_shared()
             mbarrier.arrive(full_bars.index(i % bufs), count=1)
@@ -835,14 +793,10 @@ def _wide_producer(
     KV_OFF: gl.constexpr,
     KV_STEP: gl.constexpr,
     FULL_OFF: gl.constexpr,
-    HALVES: gl.constexpr,
 ):
     """`hopper_ws_decode._producer` for one program (OWN sub-blocks of every block). PAIR: the
     program is CTA pid % 2 of a 2-CTA cluster; it fills half of every block's rows (CTA 0 the
-    first half; HALVES: CTA 0 the even sub-blocks, so both CTAs start on the first half of
-    rows) and sends them to the partner, which sends it the other half. HALVES: tiles come back
-    by row halves (`_half`)."""
-    stride: gl.constexpr = 2 if HALVES and PAIR else 1
+    first half) and sends them to the partner, which sends it the other half."""
     if PAIR:
         _cluster_sync(P_WARPS)
         half: gl.constexpr = BLOCK_N // (8 * P_WARPS)  # sub-blocks in half a block
@@ -874,15 +828,13 @@ def _wide_producer(
                 ONE_SPLIT,
                 True,
                 half,
-                _pair_first(0, half, HALVES),
+                0,
                 PAIR,
                 1,
                 KV_OFF,
                 KV_STEP,
                 FULL_OFF,
                 EARLY_REFILL=not ROPE,
-                STRIDE=stride,
-                HALVES=HALVES,
             )
         else:
             _producer(
@@ -910,15 +862,13 @@ def _wide_producer(
                 ONE_SPLIT,
                 True,
                 half,
-                _pair_first(1, half, HALVES),
+                half,
                 PAIR,
                 0,
                 KV_OFF,
                 KV_STEP,
                 FULL_OFF,
                 EARLY_REFILL=not ROPE,
-                STRIDE=stride,
-                HALVES=HALVES,
             )
         _cluster_sync(P_WARPS)
     else:
@@ -948,7 +898,6 @@ def _wide_producer(
             True,
             OWN,
             EARLY_REFILL=not ROPE,
-            HALVES=HALVES,
         )
 
 
@@ -992,7 +941,6 @@ def hopper_wide_decode_kernel(
     KV_STEP: gl.constexpr,
     FULL_OFF: gl.constexpr,
     EMPTY_OFF: gl.constexpr,
-    HALVES: gl.constexpr,
 ):
     # ROPE: 576-wide QK (the rows' RoPE lanes against q's last 64; the output reads the 512
     # latent lanes only), else 512-wide NoPE.
@@ -1021,9 +969,7 @@ def hopper_wide_decode_kernel(
     a_smem = gl.allocate_shared_memory(gl.float32, [P_BUFS, BLOCK_H], vec)
     inv_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], vec)
     full_bars = gl.allocate_shared_memory(gl.int64, [KV_BUFS, 1], mbarrier.MBarrierLayout())
-    # HALVES: two empty barriers a tile, one per half of its rows (2 b and 2 b + 1).
-    EMPTIES: gl.constexpr = 2 * KV_BUFS if HALVES else KV_BUFS
-    empty_bars = gl.allocate_shared_memory(gl.int64, [EMPTIES, 1], mbarrier.MBarrierLayout())
+    empty_bars = gl.allocate_shared_memory(gl.int64, [KV_BUFS, 1], mbarrier.MBarrierLayout())
     p_full = gl.allocate_shared_memory(gl.int64, [P_BUFS, 1], mbarrier.MBarrierLayout())
     p_empty = gl.allocate_shared_memory(gl.int64, [P_BUFS, 1], mbarrier.MBarrierLayout())
     fin_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -1032,10 +978,9 @@ def hopper_wide_decode_kernel(
     HELP: gl.constexpr = HELPERS
     for b in gl.static_range(KV_BUFS):
         mbarrier.init(full_bars.index(b), count=3 if HELPERS else 1)
-        for h in gl.static_range(EMPTIES // KV_BUFS):
-            # Both output halves read the tile (PAIR: those of both CTAs, as both CTAs'
-            # producers write into it).
-            mbarrier.init(empty_bars.index(b * (EMPTIES // KV_BUFS) + h), count=4 if PAIR else 2)
+        # Both output halves read the tile (PAIR: those of both CTAs, as both CTAs' producers
+        # write into it).
+        mbarrier.init(empty_bars.index(b), count=4 if PAIR else 2)
     for b in gl.static_range(P_BUFS):
         mbarrier.init(p_full.index(b), count=1)
         mbarrier.init(p_empty.index(b), count=2 if PV_SPLIT else 1)  # the warpgroups P is for
@@ -1133,7 +1078,6 @@ def hopper_wide_decode_kernel(
                         HELP,
                         PAIR,
                         EMPTY_OFF,
-                        HALVES,
                     ),
                 ),
                 (
@@ -1175,7 +1119,6 @@ def hopper_wide_decode_kernel(
                         HELP,
                         PAIR,
                         EMPTY_OFF,
-                        HALVES,
                     ),
                 ),
                 (
@@ -1208,7 +1151,6 @@ def hopper_wide_decode_kernel(
                         KV_OFF,
                         KV_STEP,
                         FULL_OFF,
-                        HALVES,
                     ),
                 ),
             ],
@@ -1303,7 +1245,6 @@ def hopper_wide_decode_kernel(
                         HELP,
                         PAIR,
                         EMPTY_OFF,
-                        HALVES,
                     ),
                 ),
                 (
@@ -1336,7 +1277,6 @@ def hopper_wide_decode_kernel(
                         KV_OFF,
                         KV_STEP,
                         FULL_OFF,
-                        HALVES,
                     ),
                 ),
             ],

@@ -233,25 +233,13 @@ def _tile_scale(scales, tile_of, t: gl.constexpr, AS_INT: gl.constexpr):
 
 
 @gluon.jit
-def _owned(
-    k, OWN: gl.constexpr, SUBS: gl.constexpr, FIRST: gl.constexpr = 0, STRIDE: gl.constexpr = 1
-):
+def _owned(k, OWN: gl.constexpr, SUBS: gl.constexpr, FIRST: gl.constexpr = 0):
     """The program's sub-block ordinal of a producer's k-th sub-block, when it fills OWN
-    sub-blocks of every block of SUBS: FIRST, FIRST + STRIDE, ..."""
+    sub-blocks of every block of SUBS, from sub-block FIRST on."""
     if OWN == SUBS:
         return k
     else:
-        return (k // OWN) * SUBS + FIRST + (k % OWN) * STRIDE
-
-
-@gluon.constexpr_function
-def _half_wait(jj, FIRST, STRIDE, SUB, BLOCK_N):
-    """With tiles given back by row halves: the row half (0 or 1) whose empty barrier a
-    producer waits for before its jj-th sub-block of a block (rows (FIRST + jj STRIDE) SUB..),
-    or -1 where the sub-block before it lies in the same half, so the wait has been made."""
-    half = (FIRST + jj * STRIDE) * SUB // (BLOCK_N // 2)
-    before = (FIRST + (jj - 1) * STRIDE) * SUB // (BLOCK_N // 2)
-    return half if jj == 0 or half != before else -1
+        return (k // OWN) * SUBS + FIRST + k % OWN
 
 
 @gluon.jit
@@ -282,7 +270,6 @@ def _refill(
     scales_l: gl.constexpr,
     rope_gather: gl.constexpr,
     idx_l: gl.constexpr,
-    STRIDE: gl.constexpr = 1,
 ):
     """`_producer`'s refill of ring slot `slot` (its k-th sub-block's) with sub-block
     k + RING_SLOTS, whose index entries it holds, and the index entries of k + 2 RING_SLOTS.
@@ -290,7 +277,7 @@ def _refill(
     rows_g: gl.constexpr = gl.SliceLayout(1, gather)
     # (cp.async zero-fills entries past `end`, so the range mask is applied again here.)
     _, n1, end1 = _sub_block(
-        _owned(k + RING_SLOTS, OWN, SUBS, FIRST, STRIDE),
+        _owned(k + RING_SLOTS, OWN, SUBS, FIRST),
         stream,
         idx_ptr,
         width,
@@ -304,7 +291,7 @@ def _refill(
     offs = n1 + gl.arange(0, SUB, layout=rows_g)
     idx = gl.where(offs < end1, idx_ring.index(slot).load(rows_g), -1)
     nrow, nn0, nend = _sub_block(
-        _owned(k + 2 * RING_SLOTS, OWN, SUBS, FIRST, STRIDE),
+        _owned(k + 2 * RING_SLOTS, OWN, SUBS, FIRST),
         stream,
         idx_ptr,
         width,
@@ -368,8 +355,6 @@ def _producer(
     KV_STEP: gl.constexpr = 0,
     FULL_OFF: gl.constexpr = 0,
     EARLY_REFILL: gl.constexpr = False,
-    STRIDE: gl.constexpr = 1,
-    HALVES: gl.constexpr = False,
 ):
     """Gathers and dequantizes every block of every item into the tile the consumers freed (with
     ROPE, the rows' RoPE lanes into the RoPE tile beside it, bf16 as stored).
@@ -385,10 +370,7 @@ def _producer(
     EARLY_REFILL (NoPE rows): each ring slot is refilled as soon as its rows are in registers,
     and the tile is waited for after the block's first loads, so the next rows are in flight
     while the consumers still hold the tile (1-3% faster in the 64-head kernel on the H200; no
-    faster at 16-32 heads or with RoPE lanes).
-    STRIDE: its sub-blocks of a block are FIRST, FIRST + STRIDE, ... (a pair's CTAs take every
-    other one). HALVES: the consumers give each tile back in two row halves, on empty barriers
-    2 b and 2 b + 1; each sub-block waits for its own half's (`_half_wait`)."""
+    faster at 16-32 heads or with RoPE lanes)."""
     # The ring holds sub-blocks of SUB rows (one pass of the gather layout), so that while one is
     # being dequantized the other RING_SLOTS - 1 stay in flight. Sub-block k's group also brings
     # the index entries of sub-block k + RING_SLOTS, which refills its slot; the stream runs on
@@ -414,7 +396,7 @@ def _producer(
     pid, nprog, splits, items = stream
     for j in gl.static_range(RING_SLOTS):
         row, n0, end = _sub_block(
-            _owned(j, OWN, SUBS, FIRST, STRIDE),
+            _owned(j, OWN, SUBS, FIRST),
             stream,
             idx_ptr,
             width,
@@ -426,7 +408,7 @@ def _producer(
             ONE_ITEM,
         )
         nrow, nn0, nend = _sub_block(
-            _owned(j + RING_SLOTS, OWN, SUBS, FIRST, STRIDE),
+            _owned(j + RING_SLOTS, OWN, SUBS, FIRST),
             stream,
             idx_ptr,
             width,
@@ -465,7 +447,7 @@ def _producer(
         window = _partner_window(gl.full([SUB, TILE], 0, gl.int32, deq) + partner)
     for g in range(total):
         b = g % bufs
-        if not EARLY_REFILL and not HALVES:  # tile b is free (all start free)
+        if not EARLY_REFILL:  # tile b is free (all start free)
             mbarrier.wait(empty_bars.index(b), ((g // bufs) & 1) ^ 1)
         for jj in gl.static_range(OWN):
             k = g * OWN + jj  # this producer's sub-blocks, counted in its ring
@@ -477,7 +459,7 @@ def _producer(
                 # The RoPE lanes go to the tile as stored (bf16, no conversion), before the
                 # dequantization so that their registers are free again for it (copied after
                 # it, Triton 3.9 spilled 8 bytes in the producer at 16 heads).
-                rope_bufs.index(b).slice((FIRST + jj * STRIDE) * SUB, SUB).store(
+                rope_bufs.index(b).slice((FIRST + jj) * SUB, SUB).store(
                     raw_r.index(slot).load(rope_gather)
                 )
             # The slot's loads, then the tile's stores (timed the same as interleaving them).
@@ -516,17 +498,9 @@ def _producer(
                     scales_l,
                     rope_gather,
                     idx_l,
-                    STRIDE,
                 )
-                if jj == 0 and not HALVES:
+                if jj == 0:
                     mbarrier.wait(empty_bars.index(b), ((g // bufs) & 1) ^ 1)
-            # (constexpr ifs: the wait is compiled where a sub-block starts a half)
-            if HALVES:  # noqa: SIM102
-                if _half_wait(jj, FIRST, STRIDE, SUB, BLOCK_N) >= 0:
-                    mbarrier.wait(
-                        empty_bars.index(2 * b + _half_wait(jj, FIRST, STRIDE, SUB, BLOCK_N)),
-                        ((g // bufs) & 1) ^ 1,
-                    )
             for t in gl.static_range(4):
                 scale = gl.convert_layout(
                     _tile_scale(scales, tile_of, t, ONE_ITEM), gl.SliceLayout(1, deq)
@@ -536,17 +510,15 @@ def _producer(
                 )
                 if SEND:
                     kvb = kv.to(gl.bfloat16)
-                    kv_bufs[t].index(b).slice((FIRST + jj * STRIDE) * SUB, SUB).store(kvb)
-                    at = window + _swizzled((FIRST + jj * STRIDE) * SUB, SUB, BLOCK_N, deq)
+                    kv_bufs[t].index(b).slice((FIRST + jj) * SUB, SUB).store(kvb)
+                    at = window + _swizzled((FIRST + jj) * SUB, SUB, BLOCK_N, deq)
                     _store_partner(
                         kvb,
                         at + (KV_OFF + t * KV_STEP) + b * (BLOCK_N * TILE * 2),
                         window + (FULL_OFF + 8 * b),
                     )
                 else:
-                    kv_bufs[t].index(b).slice((FIRST + jj * STRIDE) * SUB, SUB).store(
-                        kv.to(gl.bfloat16)
-                    )
+                    kv_bufs[t].index(b).slice((FIRST + jj) * SUB, SUB).store(kv.to(gl.bfloat16))
             if not EARLY_REFILL:  # the slot is dequantized: refill it
                 _refill(
                     k,
@@ -575,7 +547,6 @@ def _producer(
                     scales_l,
                     rope_gather,
                     idx_l,
-                    STRIDE,
                 )
         fence_async_shared()  # generic-proxy stores -> the consumers' wgmma (async proxy)
         if SEND:

@@ -62,7 +62,6 @@ class LaunchPlan:
     pv_split: bool = False  # hopper_wide: both output halves in warpgroups of their own
     helpers: int = 0  # hopper_wide with pv_split: rows of every block each output warpgroup fills
     pair: bool = False  # hopper_wide: head blocks in 2-CTA clusters sharing each block's rows
-    halves: bool = False  # hopper_wide with pv_split: each tile given back in two row halves
 
     @property
     def programs(self) -> int:
@@ -353,7 +352,6 @@ def plan_hopper_wide(
     pv_split: bool | None = None,
     helpers: int | None = None,
     pair: bool | None = None,
-    halves: bool = False,
 ) -> LaunchPlan:
     """Launch shape for the 64-head SM90 kernel: as many producer ring slots as shared memory
     holds beside `kv_bufs` tiles and `p_bufs` P tiles (three for NoPE rows; WIDE_ROPE_SLOTS with
@@ -367,11 +365,7 @@ def plan_hopper_wide(
     (0, 8 or 16; by default WIDE_HELP_ROWS with `pv_split`). `pair`: the two head blocks of a
     token in a 2-CTA cluster, each CTA dequantizing half of every block for both (`cluster`;
     NoPE rows, two head blocks, one split, the output split off, no helper rows), by default
-    wherever that holds and `helpers` is not given, in WIDE_PAIR_SLOTS ring slots. `halves`
-    (with `pv_split`, NoPE rows): the output warpgroups run each block's product over its first
-    half of rows, then the second, and give each half of the tile back as its product retires,
-    so the producer can start refilling it while the second half is still read (in a pair each
-    CTA then fills every other ring sub-block, so both start on the first half)."""
+    wherever that holds and `helpers` is not given, in WIDE_PAIR_SLOTS ring slots."""
     if q_regs is None:
         q_regs = wide_q_reg_tiles(rope, installed_triton())
     if not 0 <= q_regs <= 3:
@@ -410,8 +404,6 @@ def plan_hopper_wide(
             "2-CTA pairs take NoPE rows at two head blocks (128 heads) in one split, with the "
             "output split off and no helper rows"
         )
-    if halves and (rope or not pv_split):
-        raise ValueError("tiles go back by row halves for NoPE rows, with pv_split only")
     return LaunchPlan(
         WIDE_BLOCK_H,
         head_blocks,
@@ -429,5 +421,4 @@ def plan_hopper_wide(
         pv_split=pv_split,
         helpers=helpers,
         pair=pair,
-        halves=halves,
     )
