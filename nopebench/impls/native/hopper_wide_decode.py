@@ -333,7 +333,9 @@ def _score_block(
     full_bars,
     p_full,
     p_empty,
-    valid,
+    idx_row,
+    start,
+    end,
     m_i,
     l_i,
     i,
@@ -343,10 +345,16 @@ def _score_block(
     s_layout: gl.constexpr,
     Q_REGS: gl.constexpr,
     FENCE: gl.constexpr = False,
+    VALID_UNDER_MMA: gl.constexpr = False,
 ):
-    """Block i's scores (once its tile is full), the online softmax step over its `valid` keys,
-    and P with the rescale factor handed over; returns P (bf16), the factor and the softmax
-    state."""
+    """Block i's scores (once its tile is full), the online softmax step over its keys with an
+    index entry, and P with the rescale factor handed over; returns P (bf16), the factor and
+    the softmax state. The index entries are loaded before the wait for the tile, or with
+    VALID_UNDER_MMA while the score product runs: on the H200 1.5-3% faster for RoPE rows at
+    64-128 heads, 2.5-6% slower for NoPE rows with the output split off, whose scorer waits
+    for its tiles longer."""
+    if not VALID_UNDER_MMA:
+        valid = _block_valid(idx_row, start, end, i, BLOCK_N, s_layout)
     s = _block_scores(
         q_smem,
         qa,
@@ -361,6 +369,8 @@ def _score_block(
         Q_REGS,
         FENCE,
     )
+    if VALID_UNDER_MMA:
+        valid = _block_valid(idx_row, start, end, i, BLOCK_N, s_layout)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, qk_scale_log2, KEYS=1)
     p16 = _hand_over(p, alpha, p_smem, a_smem, p_full, p_empty, i)
@@ -404,7 +414,6 @@ def _scores_and_left(
     # scores are issued: faster on the H200 than waiting for both halves together. (Issuing
     # block i + 1's scores before block i's softmax measured slower: the per-block waits
     # dominate.)
-    valid = _block_valid(idx_row, start, end, 0, BLOCK_N, s_layout)
     p16, alpha, m_i, l_i = _score_block(
         q_smem,
         qa,
@@ -416,7 +425,9 @@ def _scores_and_left(
         full_bars,
         p_full,
         p_empty,
-        valid,
+        idx_row,
+        start,
+        end,
         m_i,
         l_i,
         0,
@@ -425,9 +436,9 @@ def _scores_and_left(
         ROPE,
         s_layout,
         Q_REGS,
+        VALID_UNDER_MMA=ROPE,
     )
     for i in range(1, blocks):
-        valid = _block_valid(idx_row, start, end, i, BLOCK_N, s_layout)
         prev = (i - 1) % bufs
         oa, ob = _half_product(
             gl.convert_layout(p16, p_regs), kv_bufs, prev, oa, ob, alpha, 0, o_layout
@@ -445,7 +456,9 @@ def _scores_and_left(
             full_bars,
             p_full,
             p_empty,
-            valid,
+            idx_row,
+            start,
+            end,
             m_i,
             l_i,
             i,
@@ -454,6 +467,7 @@ def _scores_and_left(
             ROPE,
             s_layout,
             Q_REGS,
+            VALID_UNDER_MMA=ROPE,
         )
     last = (blocks - 1) % bufs
     oa, ob = _half_product(
@@ -583,7 +597,6 @@ def _scorer(
         # Scores and softmax only: block i + 1's scores are issued as soon as block i's P is
         # handed over, while the two output warpgroups run block i's product.
         for i in range(blocks):
-            valid = _block_valid(idx_row, start, end, i, BLOCK_N, s_layout)
             _, _, m_i, l_i = _score_block(
                 q_smem,
                 qa,
@@ -595,7 +608,9 @@ def _scorer(
                 full_bars,
                 p_full,
                 p_empty,
-                valid,
+                idx_row,
+                start,
+                end,
                 m_i,
                 l_i,
                 i,
