@@ -43,6 +43,12 @@ ROWS = 1 << 20
 WIDTH, ACTIVE = 2176, 2051
 
 
+def set_width(width: int) -> None:
+    """Index entries per query token for every case, and how many of them name rows."""
+    global WIDTH, ACTIVE
+    WIDTH, ACTIVE = width, min(width, ACTIVE)
+
+
 def make_indices(tokens: int, usable: int, gen: torch.Generator) -> torch.Tensor:
     idx = torch.full((tokens, WIDTH), -1, dtype=torch.int32, device="cuda")
     idx[:, :ACTIVE] = torch.randint(
@@ -320,7 +326,17 @@ def main() -> int:
         help="with --hopper: a JSON list of variants to time instead of the kernel's own "
         '(build_plan\'s keys, e.g. \'[{"kernel": "hopper_wide", "p_bufs": 2}]\')',
     )
+    ap.add_argument(
+        "--width",
+        type=int,
+        default=WIDTH,
+        help=f"index entries per query token (default {WIDTH}); the first min(width, {ACTIVE}) "
+        "name rows, the rest are -1",
+    )
     args = ap.parse_args()
+    if args.width < 64:
+        ap.error("--width must be at least 64")
+    set_width(args.width)
     given = _parse_variants(ap, args) if args.variants else None
     out_dir = Path(os.environ.get("OUT", "tune-out"))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -366,7 +382,8 @@ def main() -> int:
                 )
             for v in vs:
                 plan = build_plan(tokens, heads, v, bool(rope))
-                row = {"heads": heads, "tokens": tokens, "mode": mode, **dataclasses.asdict(plan)}
+                row = {"heads": heads, "tokens": tokens, "width": WIDTH, "mode": mode}
+                row.update(dataclasses.asdict(plan))
                 try:
                     t0 = time.time()
                     res = native_decode(qs[0], cache, idxs[0], 0.0625, rope, plan)
