@@ -613,31 +613,18 @@ def _scores(
     rope_bufs,
     full_bars,
     g,
-    idx_row,
-    n0,
-    end,
     BLOCK_N: gl.constexpr,
     BLOCK_H: gl.constexpr,
     ROPE: gl.constexpr,
     s_layout: gl.constexpr,
-    VALID_UNDER_MMA: gl.constexpr,
 ):
-    """Waits for stream block g's tile and returns its scores S^T = K Q^T (+ K_rope Q_rope^T)
-    and which of its keys (entries n0..) have an index entry. The entries are loaded before the
-    wait for the tile, or with VALID_UNDER_MMA while the score product runs: on the H200 2-4%
-    faster for the role split's scorer on NoPE rows, 2-3% slower with RoPE lanes and for the
-    single consumer at 32 heads."""
-    rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-    if not VALID_UNDER_MMA:
-        valid = _load_idx(idx_row, n0, end, BLOCK_N, rows_s) >= 0
+    """Waits for stream block g's tile and returns its scores S^T = K Q^T (+ K_rope Q_rope^T)."""
     b = g % NUM_BUF
     mbarrier.wait(full_bars.index(b), (g // NUM_BUF) & 1)
     s = _issue_scores(
         _tile(kv_bufs, b), q_smem, rope_bufs, qr_smem, b, BLOCK_N, BLOCK_H, ROPE, s_layout
     )
-    if VALID_UNDER_MMA:
-        valid = _load_idx(idx_row, n0, end, BLOCK_N, rows_s) >= 0
-    return warpgroup_mma_wait(num_outstanding=0, deps=(s,)), valid
+    return warpgroup_mma_wait(num_outstanding=0, deps=(s,))
 
 
 @gluon.jit
@@ -677,6 +664,7 @@ def _consumer(
     """One warpgroup, one item (this consumer's grid is one program per item: looping over
     items, the addresses it hoists out of the loop spill at 32 heads): stage q, then per block
     scores, online softmax and output product in turn (the tile goes back after each)."""
+    rows_s: gl.constexpr = gl.SliceLayout(1, acc_layout)
     pid, nprog, splits, items = _stream(tokens, width, entries_per_split, HEAD_BLOCKS, False)
     tok, hb, split, idx_row, start, end = _item(
         pid, idx_ptr, width, entries_per_split, stride_it, splits, HEAD_BLOCKS
@@ -685,21 +673,9 @@ def _consumer(
     fence_async_shared()
     o0, o1, o2, o3, m_i, l_i = _empty_state(BLOCK_H, acc_layout, acc_layout)
     for i in range(BLOCKS):
-        s, valid = _scores(
-            q_smem,
-            qr_smem,
-            kv_bufs,
-            rope_bufs,
-            full_bars,
-            i,
-            idx_row,
-            start + i * BLOCK_N,
-            end,
-            BLOCK_N,
-            BLOCK_H,
-            ROPE,
-            acc_layout,
-            False,
+        valid = _load_idx(idx_row, start + i * BLOCK_N, end, BLOCK_N, rows_s) >= 0
+        s = _scores(
+            q_smem, qr_smem, kv_bufs, rope_bufs, full_bars, i, BLOCK_N, BLOCK_H, ROPE, acc_layout
         )
         o0, o1, o2, o3, m_i, l_i = _attend(
             s,
@@ -773,6 +749,7 @@ def _scorer(
 ):
     """ROLE_SPLIT's first consumer, every item: stage q, then per block the scores and online
     softmax; P and the rescale factor go to the accumulator, and the final max and sum too."""
+    rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     pid, nprog, splits, items = _stream(tokens, width, entries_per_split, HEAD_BLOCKS, False)
     for it in range(gl.cdiv(items - pid, nprog)):
         tok, hb, split, idx_row, start, end = _item(
@@ -787,21 +764,9 @@ def _scorer(
         for i in range(BLOCKS):
             g = it * BLOCKS + i
             b = g % NUM_BUF
-            s, valid = _scores(
-                q_smem,
-                qr_smem,
-                kv_bufs,
-                rope_bufs,
-                full_bars,
-                g,
-                idx_row,
-                start + i * BLOCK_N,
-                end,
-                BLOCK_N,
-                BLOCK_H,
-                ROPE,
-                s_layout,
-                not ROPE,
+            valid = _load_idx(idx_row, start + i * BLOCK_N, end, BLOCK_N, rows_s) >= 0
+            s = _scores(
+                q_smem, qr_smem, kv_bufs, rope_bufs, full_bars, g, BLOCK_N, BLOCK_H, ROPE, s_layout
             )
             p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, qk_scale_log2)
             mbarrier.wait(
