@@ -351,8 +351,8 @@ def _score_block(
     index entry, and P with the rescale factor handed over; returns P (bf16), the factor and
     the softmax state. The index entries are loaded before the wait for the tile, or with
     VALID_UNDER_MMA while the score product runs: on the H200 1.5-3% faster for RoPE rows at
-    64-128 heads, 2.5-6% slower for NoPE rows with the output split off, whose scorer waits
-    for its tiles longer."""
+    64-128 heads, 2.5-6% slower for NoPE rows with the output split off (there they load while
+    the scorer waits for its tile anyway)."""
     if not VALID_UNDER_MMA:
         valid = _block_valid(idx_row, start, end, i, BLOCK_N, s_layout)
     s = _block_scores(
