@@ -345,15 +345,14 @@ def _score_block(
     s_layout: gl.constexpr,
     Q_REGS: gl.constexpr,
     FENCE: gl.constexpr = False,
-    VALID_UNDER_MMA: gl.constexpr = False,
 ):
     """Block i's scores (once its tile is full), the online softmax step over its keys with an
     index entry, and P with the rescale factor handed over; returns P (bf16), the factor and
-    the softmax state. The index entries are loaded before the wait for the tile, or with
-    VALID_UNDER_MMA while the score product runs: on the H200 1.5-3% faster for RoPE rows at
-    64-128 heads, 2.5-6% slower for NoPE rows with the output split off (there they load while
-    the scorer waits for its tile anyway)."""
-    if not VALID_UNDER_MMA:
+    the softmax state. The index entries are loaded before the wait for the tile, or with ROPE
+    while the score product runs: on the H200 that was 1.5-3% faster for RoPE rows at 64-128
+    heads, 2.5-6% slower for NoPE rows with the output split off (there they load while the
+    scorer waits for its tile anyway)."""
+    if not ROPE:
         valid = _block_valid(idx_row, start, end, i, BLOCK_N, s_layout)
     s = _block_scores(
         q_smem,
@@ -369,7 +368,7 @@ def _score_block(
         Q_REGS,
         FENCE,
     )
-    if VALID_UNDER_MMA:
+    if ROPE:
         valid = _block_valid(idx_row, start, end, i, BLOCK_N, s_layout)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, qk_scale_log2, KEYS=1)
@@ -436,7 +435,6 @@ def _scores_and_left(
         ROPE,
         s_layout,
         Q_REGS,
-        VALID_UNDER_MMA=ROPE,
     )
     for i in range(1, blocks):
         prev = (i - 1) % bufs
@@ -467,7 +465,6 @@ def _scores_and_left(
             ROPE,
             s_layout,
             Q_REGS,
-            VALID_UNDER_MMA=ROPE,
         )
     last = (blocks - 1) % bufs
     oa, ob = _half_product(
