@@ -40,13 +40,14 @@ from nopebench.impls.reference import sparse_decode_reference
 from nopebench.records import write_csv, write_json
 
 ROWS = 1 << 20
-WIDTH, ACTIVE = 2176, 2051
+TOPK = 2051  # index entries that name rows, at most; the rest of a width are -1
+WIDTH, ACTIVE = 2176, TOPK
 
 
 def set_width(width: int) -> None:
     """Index entries per query token for every case, and how many of them name rows."""
     global WIDTH, ACTIVE
-    WIDTH, ACTIVE = width, min(width, ACTIVE)
+    WIDTH, ACTIVE = width, min(width, TOPK)
 
 
 def make_indices(tokens: int, usable: int, gen: torch.Generator) -> torch.Tensor:
@@ -330,7 +331,7 @@ def main() -> int:
         "--width",
         type=int,
         default=WIDTH,
-        help=f"index entries per query token (default {WIDTH}); the first min(width, {ACTIVE}) "
+        help=f"index entries per query token (default {WIDTH}); the first min(width, {TOPK}) "
         "name rows, the rest are -1",
     )
     args = ap.parse_args()
