@@ -361,7 +361,8 @@ def test_2cta_launch_asks_triton_for_clusters_of_two():
 def test_2cta_kernel_finds_its_partner_offsets_in_the_compiled_allocation():
     """Compile-only: the replayed allocation of the pair kernel gives the compiled kernel's total
     and the four tiles equally spaced (each [2, 64, 128] bf16), the barriers 8-byte aligned; the
-    kernel built with them stores into the partner (st.async) and joins the cluster barrier."""
+    kernel built with them copies rows into the partner (bulk copies between the CTAs' shared
+    memories) and joins the cluster barrier."""
     if (reason := hopper_build.gluon_missing()) is not None:
         pytest.skip(reason)
     from nopebench.impls.native import cluster
@@ -384,13 +385,15 @@ def test_2cta_kernel_finds_its_partner_offsets_in_the_compiled_allocation():
     assert build.problems == [], build.problems
     constants, options = wide.launch_constants(plan, 528, offsets)
     ptx = hopper_build._compile(wide.hopper_wide_decode_kernel, constants, options)[0].asm["ptx"]
-    assert "st.async.shared::cluster" in ptx and "barrier.cluster.wait" in ptx
+    assert "cp.async.bulk.shared::cluster.shared::cta" in ptx and "barrier.cluster.wait" in ptx
 
 
-def test_partner_store_offsets_follow_tritons_128_byte_swizzle():
-    """`cluster._swizzled`'s byte offsets (where each row's lanes of a [64, 128] bf16 tile lie)
-    are those of Triton's own NVMMA shared layout for the tile, read from its linear layout
-    (Triton 3.9 or later: 3.6 asserts on the linear form of a shared layout)."""
+def test_rows_a_pair_sends_are_contiguous_in_tritons_128_byte_swizzle():
+    """The 2-CTA producer copies a run of rows of each 64-lane half of a tile as one range of
+    bytes: in Triton's own NVMMA shared layout for a [64, 128] bf16 tile (read from its linear
+    layout; Triton 3.9 or later, 3.6 asserts on the linear form of a shared layout) row r's
+    lanes 64 h .. 64 h + 63 fill bytes h * 64 * 128 + r * 128 onwards, 128 of them, in some
+    order (the swizzle permutes 16-byte chunks within the row)."""
     triton = pytest.importorskip("triton")
     if tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 9):
         pytest.skip(f"Triton {triton.__version__} cannot give a shared layout's linear form")
@@ -403,7 +406,6 @@ def test_partner_store_offsets_follow_tritons_128_byte_swizzle():
     layout = gl.NVMMASharedLayout.get_default_for([64, 128], gl.bfloat16)
     bases = builder.to_linear_layout(layout._to_ir(builder), [64, 128]).offset_bases
     rows = torch.arange(64).view(-1, 1)
-    cols = torch.arange(128).view(1, -1)
     # The element at each offset, from the bases (offset bit k adds bases[k], XOR-combined).
     where = {}
     for offset in range(64 * 128):
@@ -412,10 +414,12 @@ def test_partner_store_offsets_follow_tritons_128_byte_swizzle():
             if offset >> k & 1:
                 r, c = r ^ br, c ^ bc
         where[(r, c)] = offset * 2
-    chunk = ((cols % 64) // 8) ^ (rows % 8)
-    ours = (cols // 64) * (64 * 128) + rows * 128 + chunk * 16 + (cols % 8) * 2
     theirs = torch.tensor([[where[(r, c)] for c in range(128)] for r in range(64)])
-    assert torch.equal(ours, theirs)
+    for h in (0, 1):
+        start = h * 64 * 128 + rows * 128  # [64, 1]
+        half = theirs[:, 64 * h : 64 * (h + 1)]
+        assert bool(((half >= start) & (half < start + 128)).all())
+        assert torch.equal(half.sort(dim=1).values, start + 2 * torch.arange(64).view(1, -1))
 
 
 def test_warp_specialised_shared_memory_model_covers_the_compiled_kernels():

@@ -2,23 +2,25 @@
 
 At 128 heads the two head blocks of a query token read the same rows, and each program would
 gather and dequantize all of them. Launched as a cluster of two CTAs (the two head blocks), each
-CTA dequantizes half of every block and stores it into its own tile and into its partner's, over
-the cluster's shared-memory network (distributed shared memory): each does half the producer's
-work.
+CTA dequantizes half of every block into its own tile and then copies those rows into its
+partner's tile, over the cluster's shared-memory network (distributed shared memory): each does
+half the producer's work.
 
 Triton's Gluon on the H200 (3.6) has no operations on another CTA's shared memory, so the few
 that are needed are inline PTX here:
 - `_cluster_sync`: a barrier across both CTAs (every thread of both); it also publishes the
   mbarrier initialisations to the partner;
-- `_partner_window` and `_store_partner`: where the partner's shared memory lies in the
-  cluster's window (`mapa`), and 16-byte stores into it (`st.async`) that complete their bytes
-  on one of the partner's mbarriers;
+- `_partner_window` and `_send_partner`: where the partner's shared memory lies in the
+  cluster's window (`mapa`), and bulk copies from this CTA's shared memory into it
+  (`cp.async.bulk`, one thread issuing them) that complete their bytes on one of the partner's
+  mbarriers;
 - `_arrive_partner`: an arrive on one of the partner's mbarriers.
 They address shared memory by byte offset from the CTA's shared window (`global_smem`, where
 Triton places every allocation). The offsets Triton gives the kernel's allocations come from its
 own allocation pass, replayed here on the compiled kernel (`smem_offsets`) and checked against
-the compiled kernel's total; `_swizzled` gives the byte offset of each element of a tile in
-Triton's 128-byte swizzle (a CPU test checks it against Triton's own layout).
+the compiled kernel's total. The copies move whole 128-byte rows of a tile's 64-lane halves,
+which Triton's 128-byte swizzle keeps together (a CPU test checks that against Triton's own
+layout).
 
 The kernel is compiled as for one CTA (program ids stay per CTA, so the pair is ranks
 pid % 2); `launch_in_pairs` makes Triton's launcher start it in clusters of two.
@@ -30,6 +32,10 @@ import re
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+
+# A barrier across the calling partition's warps (a named barrier inside a warp-specialised
+# partition): `thread_barrier` in Triton 3.6, `barrier` from 3.7 on.
+_partition_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
 # Each inline statement runs once per thread: the tensors passed hold one element a thread.
 _SYNC = gl.constexpr("""
@@ -153,17 +159,22 @@ _WINDOW = gl.constexpr("""{
 mov.u32 a, global_smem;
 mapa.shared::cluster.u32 $0, a, $1;
 }""")
-_STORE = gl.constexpr("""
-st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [$12], {$8, $9, $10, $11}, [$20];
-mov.u32 $0, 0;
-mov.u32 $1, 0;
-mov.u32 $2, 0;
-mov.u32 $3, 0;
-mov.u32 $4, 0;
-mov.u32 $5, 0;
-mov.u32 $6, 0;
-mov.u32 $7, 0;
-""")
+# Eight bulk copies (the async proxy's, issued by the partition's first thread) of $5 bytes
+# each, from this CTA's shared memory at byte offset $2 to the same offset in the partner's
+# (window $3), each completing its bytes on the partner's mbarrier at cluster address $4; the
+# offsets go up by $6, then by $7, in turn.
+_COPY = (
+    "@p cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes"
+    " [d], [s], $5, [$4];\n"
+)
+_NEXT = "add.u32 s, s, {0};\nadd.u32 d, d, {0};\n"
+_SEND = gl.constexpr(
+    "{\n.reg .pred p;\n.reg .b32 s, d;\nsetp.eq.u32 p, $1, 0;\n"
+    "mov.u32 s, global_smem;\nadd.u32 s, s, $2;\nadd.u32 d, $3, $2;\n"
+    + _COPY
+    + "".join(_NEXT.format("$6" if k % 2 == 0 else "$7") + _COPY for k in range(7))
+    + "mov.u32 $0, 0;\n}"
+)
 
 
 @gluon.jit
@@ -177,29 +188,29 @@ def _partner_window(partner):
 
 
 @gluon.jit
-def _store_partner(vals, addr, bar):
-    """Each run of 8 bf16 a thread holds (16 bytes, one row) to cluster-window address `addr`
-    (its first element's, `_partner_window` + byte offset), completing on the mbarrier at
-    cluster-window address `bar`."""
+def _send_partner(
+    lanes, offset, window, bar, SIZE: gl.constexpr, STEP: gl.constexpr, HALF: gl.constexpr
+):
+    """The partition's first thread copies SIZE bytes at each of the eight byte offsets
+    `offset` + t * STEP + h * HALF (t = 0..3, h = 0, 1) of this CTA's shared memory to the same
+    offsets in the partner's (`window`, `_partner_window`), completing them on the partner's
+    mbarrier at cluster-window address `bar`. The copies read through the async proxy: every
+    thread that stored those bytes fences (`fence_async_shared`) and the partition passes a
+    barrier before this."""
+    zero = lanes * 0
     gl.inline_asm_elementwise(
-        _STORE,
-        # (with pack 8, Triton passes the 8 bf16 as four 32-bit words, low element first)
-        "=r," * 8 + "r," * 19 + "r",
-        [vals, addr, bar],
+        _SEND,
+        "=r,r,r,r,r,r,r,r",
+        [
+            lanes,
+            zero + offset,
+            zero + window,
+            zero + bar,
+            zero + SIZE,
+            zero + HALF,
+            zero + (STEP - HALF),
+        ],
         dtype=gl.int32,
         is_pure=False,
-        pack=8,
+        pack=1,
     )
-
-
-@gluon.jit
-def _swizzled(ROW0: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, layout: gl.constexpr):
-    """Byte offsets of rows ROW0.. x 128 lanes of a [BLOCK_N, 128] bf16 tile in Triton's 128-byte
-    swizzle (an NVMMA shared layout): each 64-lane half its own [BLOCK_N, 64] block, rows of 128
-    bytes, whose 16-byte chunks are permuted by the row's index mod 8."""
-    rows = ROW0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
-    cols = gl.arange(0, 128, layout=gl.SliceLayout(0, layout))
-    r = gl.expand_dims(rows, 1)
-    c = gl.expand_dims(cols, 0)
-    chunk = ((c % 64) // 8) ^ (r % 8)
-    return (c // 64) * (BLOCK_N * 128) + r * 128 + chunk * 16 + (c % 8) * 2

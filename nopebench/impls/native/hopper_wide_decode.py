@@ -752,8 +752,6 @@ def _half(
                 deq_scales,
             )
         mbarrier.wait(p_full.index(pb), (i // p_bufs) & 1)
-        if PAIR:  # the partner's rows came by st.async: fenced for this warpgroup's wgmma
-            fence_async_shared()
         alpha = a_smem.index(pb).load(gl.SliceLayout(1, o_layout))
         oa, ob = _half_product(p_smem.index(pb), kv_bufs, i % bufs, oa, ob, alpha, HALF, o_layout)
         oa, ob = warpgroup_mma_wait(num_outstanding=0, deps=(oa, ob))

@@ -40,7 +40,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from nopebench.impls.native.cluster import _partner_window, _store_partner, _swizzled
+from nopebench.impls.native.cluster import (
+    _lanes,
+    _partition_barrier,
+    _partner_window,
+    _send_partner,
+)
 from nopebench.impls.native.hopper_decode import (
     ROPE_OFFSET,
     TILE,
@@ -363,10 +368,10 @@ def _producer(
     OWN: the producer fills OWN ring sub-blocks of every block from sub-block FIRST on (all of
     them: BLOCK_N // (4 * P_WARPS)); other warps fill the rest, each arriving on the tile's full
     barrier.
-    SEND (NoPE rows, a 2-CTA cluster): it also stores the rows it fills into the same rows of
-    CTA `partner`'s tile (`cluster._store_partner`), and its arrive on the full barrier expects
-    the partner's half of the block (the partner's stores complete on it). KV_OFF + t * KV_STEP
-    is tile t's shared-memory byte offset, FULL_OFF the full barriers'.
+    SEND (NoPE rows, a 2-CTA cluster): once a block's rows are in its tile it also copies them
+    into the same rows of CTA `partner`'s tile (`cluster._send_partner`), and its arrive on the
+    full barrier expects the partner's half of the block (the partner's copies complete on it).
+    KV_OFF + t * KV_STEP is tile t's shared-memory byte offset, FULL_OFF the full barriers'.
     EARLY_REFILL (NoPE rows): each ring slot is refilled as soon as its rows are in registers,
     and the tile is waited for after the block's first loads, so the next rows are in flight
     while the consumers still hold the tile (1-3% faster in the 64-head kernel on the H200; no
@@ -444,7 +449,8 @@ def _producer(
     else:
         total = gl.cdiv(items - pid, nprog) * BLOCKS
     if SEND:  # the partner's shared memory, as an address in the cluster's window
-        window = _partner_window(gl.full([SUB, TILE], 0, gl.int32, deq) + partner)
+        lanes = _lanes(P_WARPS)
+        window = _partner_window(lanes * 0 + partner)
     for g in range(total):
         b = g % bufs
         if not EARLY_REFILL:  # tile b is free (all start free)
@@ -508,17 +514,7 @@ def _producer(
                 kv = raw[t].to(gl.float8e4nv, bitcast=True).to(gl.float32) * gl.expand_dims(
                     scale, 1
                 )
-                if SEND:
-                    kvb = kv.to(gl.bfloat16)
-                    kv_bufs[t].index(b).slice((FIRST + jj) * SUB, SUB).store(kvb)
-                    at = window + _swizzled((FIRST + jj) * SUB, SUB, BLOCK_N, deq)
-                    _store_partner(
-                        kvb,
-                        at + (KV_OFF + t * KV_STEP) + b * (BLOCK_N * TILE * 2),
-                        window + (FULL_OFF + 8 * b),
-                    )
-                else:
-                    kv_bufs[t].index(b).slice((FIRST + jj) * SUB, SUB).store(kv.to(gl.bfloat16))
+                kv_bufs[t].index(b).slice((FIRST + jj) * SUB, SUB).store(kv.to(gl.bfloat16))
             if not EARLY_REFILL:  # the slot is dequantized: refill it
                 _refill(
                     k,
@@ -550,6 +546,20 @@ def _producer(
                 )
         fence_async_shared()  # generic-proxy stores -> the consumers' wgmma (async proxy)
         if SEND:
+            # The block's rows to the same rows of the partner's tile: in each 64-lane half of
+            # each of the four 128-lane tiles they are OWN * SUB rows of 128 bytes in a row (the
+            # swizzle permutes 16-byte chunks within a row), so eight bulk copies, issued once
+            # every producer thread has fenced its stores, take them.
+            _partition_barrier()
+            _send_partner(
+                lanes,
+                KV_OFF + b * (BLOCK_N * TILE * 2) + FIRST * (SUB * 128),
+                window,
+                window + (FULL_OFF + 8 * b),
+                OWN * SUB * 128,
+                KV_STEP,
+                BLOCK_N * 128,
+            )
             # The arrive, and the bytes of the partner's half of the block.
             mbarrier.expect(full_bars.index(b), (BLOCK_N // 2) * TILE * 2 * 4)
         else:
