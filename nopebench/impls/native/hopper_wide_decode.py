@@ -20,7 +20,7 @@ softmax and output product one after another in the same warps; its phase probes
   P from registers, and the producer fills every row;
 - the right warpgroup stages q's latent lanes (the scorer its RoPE lanes);
 - with PAIR (NoPE rows at 128 heads, `cluster`) the two head blocks of a token run as a 2-CTA
-  cluster: each CTA's producer fills half of every block's rows and stores them into the
+  cluster: each CTA's producer fills half of every block's rows and copies them into the
   partner's tile too, and a tile is refilled once the output halves of both CTAs released it.
 
 Not swapped (heads on the M side, 64 fill a wgmma): each half of O is 64 x 256 fp32, 128
