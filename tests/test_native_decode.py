@@ -16,7 +16,12 @@ from native_cases import decode_inputs
 from nopebench.compare import close
 from nopebench.impls.native import build as hopper_build
 from nopebench.impls.native.adapter import use_hopper_wide, use_hopper_ws
-from nopebench.impls.native.constants import HOPPER_SMEM, WIDE_BLOCK_H, WIDE_ROPE_SLOTS
+from nopebench.impls.native.constants import (
+    HOPPER_SMEM,
+    WIDE_BLOCK_H,
+    WIDE_ROPE_SLOTS,
+    WS_SPLIT_32_MIN_TOKENS,
+)
 from nopebench.impls.native.plans import (
     hopper_smem_bytes,
     plan_hopper,
@@ -428,6 +433,8 @@ def test_warp_specialised_shared_memory_model_covers_the_compiled_kernels():
     lanes (ring, tiles and q 128 bytes a row wider) Triton 3.9's sizes; fewer slots fit."""
     compiled = {
         (16, 2, True, False): (186492, 186492),
+        (32, 2, True, False): (207452, 207356),
+        (32, 1, True, True): (215004, 214956),
         (32, 3, False, False): (223656, 223416),
         (16, 4, False, False): (219960, 219960),
         (16, 2, True, True): (213164,),
@@ -435,7 +442,7 @@ def test_warp_specialised_shared_memory_model_covers_the_compiled_kernels():
         (16, 2, False, True): (212568,),
     }
     for (block_h, slots, split, rope), sizes in compiled.items():
-        plan = plan_hopper_ws(512, block_h, 2176, role_split=None if split else False, rope=rope)
+        plan = plan_hopper_ws(512, block_h, 2176, role_split=split, rope=rope)
         assert (plan.block_h, plan.num_stages, plan.role_split) == (block_h, slots, split)
         for nbytes in sizes:
             model = ws_smem_bytes(block_h, slots, role_split=split, rope=rope)
@@ -444,8 +451,37 @@ def test_warp_specialised_shared_memory_model_covers_the_compiled_kernels():
         plan_hopper_ws(512, 64, 2176, block_h=64)
     with pytest.raises(ValueError, match="shared memory"):
         plan_hopper_ws(512, 16, 2176, slots=6, role_split=False)
-    with pytest.raises(ValueError, match="16 heads per program only"):
-        plan_hopper_ws(512, 32, 2176, role_split=True)
+    with pytest.raises(ValueError, match="16 or 32 heads per program only"):
+        plan_hopper_ws(512, 8, 2176, block_h=8, role_split=True)
+
+
+def test_32_head_programs_split_their_consumer_from_256_tokens_where_both_rows_fit(monkeypatch):
+    """At 32 heads per program the role split from WS_SPLIT_32_MIN_TOKENS tokens on, for NoPE
+    rows and the shim alike, under the Triton where both compile spill-free (3.6, with its own
+    register budgets); under 3.9 (whose RoPE form spills) and unknown versions one consumer.
+    16 heads per program always split, below the threshold 32 never do by default."""
+    from nopebench.impls.native import hopper_ws_decode as ws
+    from nopebench.impls.native import plans
+
+    assert [plans.ws_split_32_regs(rope, "3.6.0") for rope in (False, True)] == [
+        (96, 120),
+        (88, 120),
+    ]
+    for version in ("3.9.0", "3.7.1", "", None):
+        assert plans.ws_split_32_regs(False, version) is None, version
+    for version, split in (("3.6.0", True), ("3.9.0", False), (None, False)):
+        monkeypatch.setattr(plans, "installed_triton", lambda v=version: v)
+        monkeypatch.setattr(ws, "installed_triton", lambda v=version: v)
+        for rope in (False, True):
+            for tokens in (WS_SPLIT_32_MIN_TOKENS, 512, 2048):
+                plan = plan_hopper_ws(tokens, 32, 2176, 132, rope=rope)
+                assert (plan.role_split, plan.max_programs) == (split, 132 if split else 0)
+                assert plan.num_stages == (1 if rope else 2 if split else 3)
+            assert not plan_hopper_ws(WS_SPLIT_32_MIN_TOKENS - 1, 32, 2176, rope=rope).role_split
+            assert plan_hopper_ws(64, 16, 2176, rope=rope).role_split
+        forced = plan_hopper_ws(512, 32, 2176, role_split=True, rope=True)
+        constants, _ = ws.launch_constants(forced, 656)
+        assert (constants["P_REGS"], constants["S_REGS"]) == ((88, 120) if split else (96, 120))
 
 
 @pytest.mark.parametrize(
@@ -710,6 +746,10 @@ def gpu_plan(kernel: str, tokens: int, heads: int, width: int, rope: int):
         return plan_hopper_wide(
             tokens, heads, width, sms, rope=bool(rope), q_regs=q_regs, pv_split=pv_split
         )
+    if kernel == "hopper_ws_split32":
+        return plan_hopper_ws(
+            tokens, heads, width, sms, block_h=32, role_split=True, rope=bool(rope)
+        )
     if kernel.startswith("hopper_ws"):
         return plan_hopper_ws(
             tokens,
@@ -733,6 +773,7 @@ def gpu_plan(kernel: str, tokens: int, heads: int, width: int, rope: int):
         "hopper_wide",
         "hopper_wide_smem_q",
         "hopper_wide_scorer_pv",
+        "hopper_ws_split32",
     ],
 )
 @pytest.mark.parametrize("heads, tokens, width, rope, row_bytes", GPU_GRID)
@@ -773,7 +814,9 @@ def test_2cta_pairs_match_the_reference_on_gpu(heads, tokens, width, row_bytes):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["hopper_ws", "hopper_ws_one", "hopper_wide"])
+@pytest.mark.parametrize(
+    "kernel", ["hopper_ws", "hopper_ws_one", "hopper_wide", "hopper_ws_split32"]
+)
 @pytest.mark.parametrize("heads, tokens", [(16, 1), (16, 64), (32, 64), (64, 8), (128, 64)])
 def test_shim_runs_the_rope_path_of_the_warp_specialised_kernels(heads, tokens, kernel):
     """The shim (zero RoPE lanes in the 656-byte rows and in q's last 64) through the RoPE path
@@ -847,7 +890,9 @@ TAIL_COUNTS = (0, 1, 700, 1023, 1024, 1025, 2048, 2049, 2051, 2111, 2112, 2113, 
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["triton", "hopper", "hopper_ws", "hopper_wide"])
+@pytest.mark.parametrize(
+    "kernel", ["triton", "hopper", "hopper_ws", "hopper_wide", "hopper_ws_split32"]
+)
 @pytest.mark.parametrize("tokens", [8, 64])
 def test_native_handles_rows_that_end_in_minus_one_padding(kernel, tokens):
     """Top-k rows of different lengths, each ending in -1 padding (the 64-head kernel skips the
@@ -855,7 +900,7 @@ def test_native_handles_rows_that_end_in_minus_one_padding(kernel, tokens):
     edges, an empty row and a full one, one row also with -1 inside."""
     from nopebench.impls.native.adapter import native_decode
 
-    heads = 64 if kernel == "hopper_wide" else 16
+    heads = {"hopper_wide": 64, "hopper_ws_split32": 32}.get(kernel, 16)
     q, cache, idx = decode_inputs(heads, tokens, 2176, 0, 528, "cuda", seed=11, rows=4096)
     for t in range(tokens):
         idx[t, TAIL_COUNTS[t % len(TAIL_COUNTS)] :] = -1

@@ -28,6 +28,17 @@ WS_MAX_BLOCK_H = 32  # one consumer warpgroup holds O^T (512 x heads, fp32) in r
 # Ring slots with separate scorer and accumulator: two were fastest on the H200 at 16 heads
 # (results/reference/decode-tuning/hopper-ws/); one consumer takes all that fit.
 WS_SPLIT_SLOTS = 2
+# At 32 heads per program the role split too, from this many query tokens (its persistent grid
+# then holds two items a program or more): on the H200 1-5% faster than one consumer at 256
+# and 512 tokens (the shim 0-2% slower), mixed at 128 (2% faster at width 2176, 2% slower at
+# 2048), slower at 8-64.
+WS_SPLIT_32_MIN_TOKENS = 256
+# Its register budgets (producer, scorer; the accumulator gets the rest), by Triton (major,
+# minor): (NoPE rows, RoPE rows). Under Triton 3.6 both compile spill-free. Under 3.9 the NoPE
+# form does at (96, 120) but the RoPE form spills at every budget, so there, and under
+# unmeasured versions, 32 heads keep one consumer (NoPE and the shim run the same form).
+WS_SPLIT_32_REGS = {(3, 6): ((96, 120), (88, 120))}
+WS_SPLIT_32_DEFAULT_REGS = (96, 120)  # where the role split is asked for under another version
 
 # The 64-head kernel (hopper_wide_decode).
 WIDE_BLOCK_H = 64  # one wgmma M of heads, the output split across two warpgroups

@@ -15,7 +15,8 @@ the roles run at once, in partitions that hand tiles over with mbarriers:
   the per-head rescale factor through a double-buffered P tile to an accumulator warpgroup,
   which runs O^T = alpha O^T + K^T P^T and holds O^T. So the scores of block i+1 overlap the
   output product of block i. Without it one consumer warpgroup runs the three in turn (the H200
-  measured that faster at 32 heads per program, the split faster at 16).
+  measured the split faster at 16 heads per program, and at 32 from 256 query tokens on; one
+  consumer faster at 32 heads and fewer tokens).
 
 The grid is one-dimensional over work items (query token, head block, split). With ROLE_SPLIT
 it is persistent: one program per SM walks items pid, pid + programs, ..., every partition the
@@ -46,6 +47,7 @@ from nopebench.impls.native.cluster import (
     _partner_window,
     _send_partner,
 )
+from nopebench.impls.native.constants import WS_SPLIT_32_DEFAULT_REGS
 from nopebench.impls.native.hopper_decode import (
     ROPE_OFFSET,
     TILE,
@@ -62,6 +64,7 @@ from nopebench.impls.native.hopper_decode import (
     _stage_q,
     _write_out,
 )
+from nopebench.impls.native.plans import installed_triton, ws_split_32_regs
 
 NUM_BUF = gl.constexpr(2)  # dequantized tiles (and P tiles): one being written, one being read
 CONSUMER_WARPS, PRODUCER_WARPS = 4, 8  # each consumer role is one warpgroup
@@ -97,6 +100,10 @@ def launch_constants(plan, row_bytes: int) -> tuple[dict, dict]:
         P_REGS=PRODUCER_ROPE_REGS if plan.rope and not plan.role_split else PRODUCER_REGS,
         S_REGS=SCORER_REGS,
     )
+    if plan.role_split and plan.block_h == 32:  # (its scorer spills with SCORER_REGS)
+        constants["P_REGS"], constants["S_REGS"] = (
+            ws_split_32_regs(plan.rope, installed_triton()) or WS_SPLIT_32_DEFAULT_REGS
+        )
     return constants, {"num_warps": CONSUMER_WARPS, "maxnreg": launch_regs(plan.role_split)}
 
 

@@ -29,6 +29,8 @@ from nopebench.impls.native.constants import (
     WIDE_ROPE_SLOTS,
     WS_MAX_BLOCK_H,
     WS_RING_ROWS,
+    WS_SPLIT_32_MIN_TOKENS,
+    WS_SPLIT_32_REGS,
     WS_SPLIT_SLOTS,
 )
 
@@ -244,6 +246,15 @@ def _split_one_per_sm(
     return head_blocks, -(-width // per_split), per_split
 
 
+def ws_split_32_regs(rope: bool, triton_version: str | None) -> tuple[int, int] | None:
+    """The (producer, scorer) register budgets of the role split at 32 heads per program under
+    this Triton, None where the planner does not take it (both row forms must compile
+    spill-free)."""
+    key = environment.version_numbers(triton_version, 2)
+    forms = WS_SPLIT_32_REGS.get(key)
+    return forms[int(rope)] if forms else None
+
+
 def plan_hopper_ws(
     tokens: int,
     heads: int,
@@ -257,12 +268,14 @@ def plan_hopper_ws(
 ) -> LaunchPlan:
     """Launch shape for the warp-specialised SM90 kernel (at most 32 heads per program): 64-row
     blocks, two dequantized tiles, as many heads per program as it takes. With 16 heads per
-    program the scorer and the accumulator are separate warpgroups (faster on the H200; at 32
-    heads one consumer was faster, also at 8 and 64 tokens where 16 heads per program would fill
-    more SMs), with WS_SPLIT_SLOTS ring slots and one persistent program per SM; one consumer
-    takes as many 32-row slots as shared memory holds and one program per work item (the H200
-    sweeps: results/reference/decode-tuning/). `rope`: the rows' RoPE lanes are read too
-    (576-wide QK), which takes shared memory in the ring, the tiles and q, so fewer slots fit."""
+    program the scorer and the accumulator are separate warpgroups (faster on the H200), and
+    with 32 from WS_SPLIT_32_MIN_TOKENS tokens on where this Triton compiles both row forms
+    spill-free (`ws_split_32_regs`; below that one consumer was faster, also at 8 and 64
+    tokens where 16 heads per program would fill more SMs), with WS_SPLIT_SLOTS ring slots (as
+    many as fit, if fewer) and one persistent program per SM; one consumer takes as many 32-row
+    slots as shared memory holds and one program per work item (the H200 sweeps:
+    results/reference/decode-tuning/). `rope`: the rows' RoPE lanes are read too (576-wide QK),
+    which takes shared memory in the ring, the tiles and q, so fewer slots fit."""
     block_n = 64
     if block_h is None:
         block_h = min(WS_MAX_BLOCK_H, max(16, next_pow2(heads)))
@@ -271,16 +284,23 @@ def plan_hopper_ws(
             f"the warp-specialised kernel takes at most {WS_MAX_BLOCK_H} heads per program"
         )
     if role_split is None:
-        role_split = block_h == 16
-    if role_split and block_h != 16:
-        raise ValueError(
-            "the warp-specialised kernel splits its consumer at 16 heads per program only"
+        role_split = block_h == 16 or (
+            block_h == 32
+            and tokens >= WS_SPLIT_32_MIN_TOKENS
+            and ws_split_32_regs(rope, installed_triton()) is not None
         )
+    if role_split and block_h not in (16, 32):
+        raise ValueError(
+            "the warp-specialised kernel splits its consumer at 16 or 32 heads per program only"
+        )
+    if slots is None and role_split:
+        # WS_SPLIT_SLOTS, or as many as fit (one, with RoPE lanes at 32 heads)
+        slots = WS_SPLIT_SLOTS
+        while slots > 1 and ws_smem_bytes(block_h, slots, block_n, True, rope) > HOPPER_SMEM:
+            slots -= 1
     if slots is None:
-        slots = WS_SPLIT_SLOTS if role_split else 1
-        while (
-            not role_split and ws_smem_bytes(block_h, slots + 1, block_n, rope=rope) <= HOPPER_SMEM
-        ):
+        slots = 1
+        while ws_smem_bytes(block_h, slots + 1, block_n, rope=rope) <= HOPPER_SMEM:
             slots += 1
     if ws_smem_bytes(block_h, slots, block_n, role_split, rope) > HOPPER_SMEM:
         raise ValueError(
