@@ -16,7 +16,8 @@
 # STAGE=tests or STAGE=grid runs one of steps 2 and 3 (default: both). BENCH_ARGS adds
 # bench-decode arguments (e.g. "--heads 16 --tokens 512" for a single cell). Everything lands in
 # results/device-bench-decode/<UTC time>/; when OUT is set, a tar.gz of it and the key files go
-# there (9 files). Step 3 is capped so the whole script stays under ~9.5 minutes.
+# there (9 files). Step 3 is capped so the whole script stays under TOTAL_S seconds (default
+# 570, about 9.5 minutes: the device's per-call limit, less the transfers).
 # Exit status: 0 when the tests passed and bench-decode exited 0, else 1.
 
 set -uo pipefail
@@ -59,7 +60,7 @@ if [ "$STAGE" = all ] || [ "$STAGE" = tests ]; then
 fi
 
 if [ "$STAGE" = all ] || [ "$STAGE" = grid ]; then
-  left=$((570 - ($(date +%s) - T0)))
+  left=$((${TOTAL_S:-570} - ($(date +%s) - T0)))
   # shellcheck disable=SC2086  # BENCH_ARGS is a list of arguments
   timeout "$left" python3 -m nopebench bench-decode --config h200-nope \
     --impl native --impl flashmla --impl flashinfer-fa3-bf16 --impl flashinfer-fa3-fp8 \
