@@ -730,8 +730,9 @@ def gpu_plan(kernel: str, tokens: int, heads: int, width: int, rope: int):
     program the role split; hopper_ws_one: one consumer; hopper_wide: 64 heads per program, fewer
     heads masked; hopper_wide_smem_q: the same with all of q in shared memory, as Tritons other
     than the measured one run it; hopper_wide_scorer_pv: the scorer runs the left output half
-    and the producer dequantizes alone, as for RoPE rows), for the rows' QK width; the Hopper
-    ones are skipped off SM90."""
+    and the producer dequantizes alone, as for RoPE rows; hopper_ws_split32: the role split at 32
+    heads per program, as Triton 3.6's plan runs it from 256 tokens), for the rows' QK width;
+    the Hopper ones are skipped off SM90."""
     from nopebench.impls.native.adapter import hopper_available
     from nopebench.impls.native.plans import plan_hopper
 
