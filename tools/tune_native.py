@@ -347,6 +347,17 @@ def main() -> int:
         f"ceilings: copy {ceil.copy_gbps:.0f} GB/s, bf16 matmul {ceil.matmul_tflops:.0f} TFLOP/s",
         flush=True,
     )
+    env = {**environment_header(), **ceil.as_row()}
+    # Every row says where it came from, so a tune.csv read without its tune_env.json still does.
+    provenance = {
+        "git_sha": env.get("git_sha"),
+        "git_dirty": env.get("git_dirty"),
+        "gpu": env.get("gpu"),
+        "driver": env.get("driver"),
+        "torch": env["versions"].get("torch"),
+        "triton": env["versions"].get("triton"),
+        "timestamp": env["timestamp"],
+    }
     caches = {
         m: build_cache(m, ROWS, 64, "arbitrary_fp32", "cuda", seed=1234)
         for m in args.modes.split(",")
@@ -418,6 +429,7 @@ def main() -> int:
                     )
                 except Exception as exc:  # noqa: BLE001 - a failing variant is a row, not a crash
                     row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                row.update(provenance)
                 rows.append(row)
                 print(
                     {
@@ -451,7 +463,7 @@ def main() -> int:
                     flush=True,
                 )
             write_csv(out_dir / "tune.csv", rows)
-    write_json(out_dir / "tune_env.json", {**environment_header(), **ceil.as_row()})
+    write_json(out_dir / "tune_env.json", env)
     print("\nbest per case:")
     import pandas as pd
 
