@@ -246,12 +246,16 @@ def _split_one_per_sm(
     return head_blocks, -(-width // per_split), per_split
 
 
+def _measured_under(table: dict, triton_version: str | None):
+    """`table`'s entry for this Triton's (major, minor), None for an unmeasured or unknown one."""
+    return table.get(environment.version_numbers(triton_version, 2))
+
+
 def ws_split_32_regs(rope: bool, triton_version: str | None) -> tuple[int, int] | None:
     """The (producer, scorer) register budgets of the role split at 32 heads per program under
     this Triton, None where the planner does not take it (both row forms must compile
     spill-free)."""
-    key = environment.version_numbers(triton_version, 2)
-    forms = WS_SPLIT_32_REGS.get(key)
+    forms = _measured_under(WS_SPLIT_32_REGS, triton_version)
     return forms[int(rope)] if forms else None
 
 
@@ -354,8 +358,7 @@ def installed_triton() -> str | None:
 def wide_q_reg_tiles(rope: bool, triton_version: str | None) -> int:
     """q's latent tiles the 64-head kernel's scorer holds in registers under this Triton (none
     for an unmeasured or unknown version: the rest of the kernel is the same)."""
-    key = environment.version_numbers(triton_version, 2)
-    return WIDE_Q_REG_TILES.get(key, (0, 0))[int(rope)]
+    return (_measured_under(WIDE_Q_REG_TILES, triton_version) or (0, 0))[int(rope)]
 
 
 def plan_hopper_wide(
