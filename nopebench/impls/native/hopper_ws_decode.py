@@ -83,9 +83,17 @@ def launch_regs(role_split: bool) -> int:
     return 65536 // (32 * warps) // 8 * 8
 
 
+def _budgets(plan) -> tuple[int, int]:
+    """The producer's and the scorer's setmaxnreg budgets for a plan."""
+    if plan.role_split and plan.block_h == 32:  # (its scorer spills with SCORER_REGS)
+        return ws_split_32_regs(plan.rope, installed_triton()) or WS_SPLIT_32_DEFAULT_REGS
+    return (PRODUCER_ROPE_REGS if plan.rope and not plan.role_split else PRODUCER_REGS), SCORER_REGS
+
+
 def launch_constants(plan, row_bytes: int) -> tuple[dict, dict]:
     """The kernel's constexprs and launch options for a `native.plan_hopper_ws` plan: one source
     for the launcher and the compile-only build, so the build checks what runs."""
+    p_regs, s_regs = _budgets(plan)
     constants = dict(
         BLOCK_H=plan.block_h,
         BLOCK_N=plan.block_n,
@@ -97,13 +105,9 @@ def launch_constants(plan, row_bytes: int) -> tuple[dict, dict]:
         ROLE_SPLIT=plan.role_split,
         C_WARPS=CONSUMER_WARPS,
         P_WARPS=PRODUCER_WARPS,
-        P_REGS=PRODUCER_ROPE_REGS if plan.rope and not plan.role_split else PRODUCER_REGS,
-        S_REGS=SCORER_REGS,
+        P_REGS=p_regs,
+        S_REGS=s_regs,
     )
-    if plan.role_split and plan.block_h == 32:  # (its scorer spills with SCORER_REGS)
-        constants["P_REGS"], constants["S_REGS"] = (
-            ws_split_32_regs(plan.rope, installed_triton()) or WS_SPLIT_32_DEFAULT_REGS
-        )
     return constants, {"num_warps": CONSUMER_WARPS, "maxnreg": launch_regs(plan.role_split)}
 
 
