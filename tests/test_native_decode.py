@@ -207,26 +207,31 @@ def test_64_head_scorer_holds_q_tiles_in_registers_where_measured():
         plan_hopper_wide(512, 64, 2176, q_regs=4)
 
 
-def test_64_head_output_warpgroups_split_off_and_dequantize_for_nope_rows_only():
-    """NoPE rows in programs of WIDE_PV_SPLIT_MIN_BLOCKS blocks or more: both output halves in
-    warpgroups of their own, each dequantizing WIDE_HELP_ROWS rows of every block beside the
-    producer (measured faster on the H200). RoPE rows, and the few-block programs of split
-    plans, keep the scorer's left half and the producer alone (measured slower split). The
-    launch gives a fourth warpgroup its share of the register file."""
+def test_64_head_output_warpgroups_split_off_for_pairs_or_when_helpers_are_asked_for():
+    """The output halves run in warpgroups of their own (the scorer only scores) for NoPE rows
+    in programs of WIDE_PV_SPLIT_MIN_BLOCKS blocks or more where the 2-CTA pair runs, or where
+    helper rows are asked for (then WIDE_HELP_ROWS by default). Unpaired programs keep the
+    scorer's left half (measured faster on the H200), as RoPE rows and few-block programs do.
+    The launch gives a fourth warpgroup its share of the register file."""
     from nopebench.impls.native import hopper_wide_decode as wide
     from nopebench.impls.native.constants import WIDE_HELP_ROWS, WIDE_PV_SPLIT_MIN_BLOCKS
 
     nope, shim = plan_hopper_wide(512, 64, 2176), plan_hopper_wide(512, 64, 2176, rope=True)
-    assert (nope.pv_split, nope.helpers) == (True, WIDE_HELP_ROWS)
+    assert (nope.pv_split, nope.helpers) == (False, 0)
     assert (shim.pv_split, shim.helpers) == (False, 0)
-    for tokens, heads in ((8, 64), (8, 128), (64, 64), (64, 128)):
+    for tokens, heads in ((8, 64), (8, 128), (64, 64), (64, 128), (512, 128)):
         plan = plan_hopper_wide(tokens, heads, 2176)
         blocks = plan.entries_per_split // plan.block_n
-        assert plan.pv_split == (blocks >= WIDE_PV_SPLIT_MIN_BLOCKS), (tokens, heads, blocks)
+        paired = plan.head_blocks == 2 and plan.splits == 1
+        assert plan.pv_split == (paired and blocks >= WIDE_PV_SPLIT_MIN_BLOCKS), (tokens, heads)
+        assert plan.pair == plan.pv_split, (tokens, heads)
     assert not plan_hopper_wide(8, 64, 2176).pv_split
     assert plan_hopper_wide(512, 64, 2176, pv_split=False).helpers == 0
     assert plan_hopper_wide(512, 64, 2176, helpers=0).pv_split
-    constants, options = wide.launch_constants(nope, 528)
+    helped = plan_hopper_wide(512, 64, 2176, pv_split=True)
+    assert (helped.pv_split, helped.helpers) == (True, WIDE_HELP_ROWS)
+    assert plan_hopper_wide(512, 64, 2176, helpers=8) == helped
+    constants, options = wide.launch_constants(helped, 528)
     assert (constants["PV_SPLIT"], constants["HELPERS"]) == (True, WIDE_HELP_ROWS)
     assert options["maxnreg"] == wide.launch_regs(True) == 128
     assert wide.launch_constants(shim, 656)[1]["maxnreg"] == wide.LAUNCH_REGS == 168
@@ -729,8 +734,9 @@ def gpu_plan(kernel: str, tokens: int, heads: int, width: int, rope: int):
     """The launch plan of one of the four kernels (hopper_ws: its planned form, at 16 heads per
     program the role split; hopper_ws_one: one consumer; hopper_wide: 64 heads per program, fewer
     heads masked; hopper_wide_smem_q: the same with all of q in shared memory, as Tritons other
-    than the measured one run it; hopper_wide_scorer_pv: the scorer runs the left output half
-    and the producer dequantizes alone, as for RoPE rows; hopper_ws_split32: the role split at 32
+    than the measured one run it; hopper_wide_helpers: NoPE rows with the output halves split off
+    and each dequantizing helper rows (the planned form runs them as the scorer's left half,
+    beside the producer alone, as for RoPE rows); hopper_ws_split32: the role split at 32
     heads per program, as Triton 3.6's plan runs it from 256 tokens), for the rows' QK width;
     the Hopper ones are skipped off SM90."""
     from nopebench.impls.native.adapter import hopper_available
@@ -743,7 +749,9 @@ def gpu_plan(kernel: str, tokens: int, heads: int, width: int, rope: int):
         pytest.skip("the Hopper kernels need an SM90 GPU and Triton's Gluon")
     if kernel.startswith("hopper_wide"):
         q_regs = 0 if kernel == "hopper_wide_smem_q" else None
-        pv_split = False if kernel == "hopper_wide_scorer_pv" else None
+        if kernel == "hopper_wide_helpers" and rope:
+            pytest.skip("the output warpgroups split off for NoPE rows only")
+        pv_split = True if kernel == "hopper_wide_helpers" else None
         return plan_hopper_wide(
             tokens, heads, width, sms, rope=bool(rope), q_regs=q_regs, pv_split=pv_split
         )
@@ -773,7 +781,7 @@ def gpu_plan(kernel: str, tokens: int, heads: int, width: int, rope: int):
         "hopper_ws_one",
         "hopper_wide",
         "hopper_wide_smem_q",
-        "hopper_wide_scorer_pv",
+        "hopper_wide_helpers",
         "hopper_ws_split32",
     ],
 )

@@ -384,11 +384,13 @@ def plan_hopper_wide(
     q's latent tiles the scorer keeps in registers, by default `wide_q_reg_tiles` for the
     installed Triton. `pv_split`: both halves of the output product in warpgroups of their own
     (the scorer only scores), by default for NoPE rows in programs of WIDE_PV_SPLIT_MIN_BLOCKS
-    blocks or more; `helpers`: rows of every block each of them dequantizes beside the producer
-    (0, 8 or 16; by default WIDE_HELP_ROWS with `pv_split`). `pair`: the two head blocks of a
-    token in a 2-CTA cluster, each CTA dequantizing half of every block for both (`cluster`;
-    NoPE rows, two head blocks, one split, the output split off, no helper rows), by default
-    wherever that holds and `helpers` is not given, in WIDE_PAIR_SLOTS ring slots."""
+    blocks or more that run as a pair or are given `helpers`; elsewhere the scorer runs the
+    left half, as for RoPE rows; `helpers`: rows of every block each of them dequantizes beside
+    the producer (0, 8 or 16; by default WIDE_HELP_ROWS with `pv_split` unpaired). `pair`: the
+    two head blocks of a token in a 2-CTA cluster, each CTA dequantizing half of every block
+    for both (`cluster`; NoPE rows, two head blocks, one split, the output split off, no
+    helper rows), by default wherever that holds and `helpers` is not given, in
+    WIDE_PAIR_SLOTS ring slots."""
     if q_regs is None:
         q_regs = wide_q_reg_tiles(rope, installed_triton())
     if not 0 <= q_regs <= 3:
@@ -397,8 +399,12 @@ def plan_hopper_wide(
     head_blocks, splits, per_split = _split_one_per_sm(
         tokens, heads, width, WIDE_BLOCK_H, block_n, sms, splits, fill=-(-sms // 2)
     )
-    if pv_split is None:
-        pv_split = not rope and per_split // block_n >= WIDE_PV_SPLIT_MIN_BLOCKS
+    if pv_split is None:  # where the pair runs (it needs the split), or helper rows are asked for
+        pv_split = (
+            not rope
+            and per_split // block_n >= WIDE_PV_SPLIT_MIN_BLOCKS
+            and ((head_blocks == 2 and splits == 1) or helpers is not None)
+        )
     if pair is None:
         pair = helpers is None and not rope and head_blocks == 2 and splits == 1 and pv_split
     if slots is None and rope:
