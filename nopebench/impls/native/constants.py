@@ -61,9 +61,9 @@ WIDE_RING_ROWS = 16  # its producer's ring slot: 4 rows per warp, one warpgroup
 WIDE_Q_REG_TILES = {(3, 6): (1, 2)}
 # NoPE rows: both output halves can run in warpgroups of their own, each dequantizing
 # WIDE_HELP_ROWS rows of every 64-row block beside the producer (which fills the rest), loaded
-# into registers two blocks ahead while they wait for P; 16 rows each spills. Since the producer
-# refills its ring early, unpaired programs are 1-3% faster on the H200 with the scorer running
-# the left half instead (64 heads, 64-512 tokens, both widths; 128 heads unpaired no slower), so
+# into registers two blocks ahead while they wait for P; 16 rows each spills. On the H200,
+# unpaired programs are 1-3% faster with the scorer running the left half instead (64 heads,
+# 64-512 tokens, both widths; 128 heads unpaired no slower), so
 # the plan splits the output off only for the 2-CTA pair, which needs it, and only from
 # WIDE_PV_SPLIT_MIN_BLOCKS blocks a program (programs of 3-5 blocks were 1-4% slower split).
 # RoPE rows (32-row blocks) were slower split and never take it.

@@ -399,14 +399,15 @@ def plan_hopper_wide(
     head_blocks, splits, per_split = _split_one_per_sm(
         tokens, heads, width, WIDE_BLOCK_H, block_n, sms, splits, fill=-(-sms // 2)
     )
+    pairable = not rope and head_blocks == 2 and splits == 1
     if pv_split is None:  # where the pair runs (it needs the split), or helper rows are asked for
         pv_split = (
             not rope
             and per_split // block_n >= WIDE_PV_SPLIT_MIN_BLOCKS
-            and ((head_blocks == 2 and splits == 1) or helpers is not None)
+            and (pairable or helpers is not None)
         )
     if pair is None:
-        pair = helpers is None and not rope and head_blocks == 2 and splits == 1 and pv_split
+        pair = helpers is None and pairable and pv_split
     if slots is None and rope:
         slots = WIDE_ROPE_SLOTS
     if slots is None and pair:
