@@ -489,6 +489,29 @@ def test_32_head_programs_split_their_consumer_from_256_tokens_where_both_rows_f
         assert (constants["P_REGS"], constants["S_REGS"]) == ((88, 120) if split else (96, 120))
 
 
+def test_32_head_programs_keep_their_softmax_sums_per_thread():
+    """At WS_PARTIAL_SUM_BLOCK_H heads per program, in both consumer forms and for both row
+    kinds, the plan keeps each thread's share of the softmax sums until the item's last block;
+    at 16 heads per program it sums every block; an explicit choice wins, and the launch passes
+    it to the kernel."""
+    from nopebench.impls.native import hopper_ws_decode as ws
+    from nopebench.impls.native.constants import WS_PARTIAL_SUM_BLOCK_H
+
+    assert WS_PARTIAL_SUM_BLOCK_H == 32
+    for rope in (False, True):
+        for tokens in (8, 64, 512):
+            for split in (None, True, False):
+                at_32 = plan_hopper_ws(tokens, 32, 2176, 132, role_split=split, rope=rope)
+                at_16 = plan_hopper_ws(tokens, 16, 2176, 132, role_split=split, rope=rope)
+                assert (at_32.block_h, at_32.l_partial) == (32, True)
+                assert (at_16.block_h, at_16.l_partial) == (16, False)
+        assert not plan_hopper_ws(512, 32, 2176, 132, rope=rope, l_partial=False).l_partial
+        assert plan_hopper_ws(512, 16, 2176, 132, rope=rope, l_partial=True).l_partial
+    for heads in (16, 32):
+        plan = plan_hopper_ws(512, heads, 2176, 132)
+        assert ws.launch_constants(plan, 528)[0]["L_PARTIAL"] == (heads == 32)
+
+
 @pytest.mark.parametrize(
     "tokens, heads", [(1, 16), (8, 16), (8, 32), (100, 16), (512, 16), (512, 32), (512, 64)]
 )

@@ -248,6 +248,7 @@ def build_plan(tokens: int, heads: int, v: dict, rope: bool = False) -> LaunchPl
             block_h=v.get("block_h"),
             role_split=v.get("role_split"),
             rope=rope,
+            **{k: v[k] for k in ("l_partial",) if k in v},
         )
     if v.get("kernel") == "hopper":
         return plan_hopper(
@@ -452,6 +453,7 @@ def main() -> int:
                             "pv_split",
                             "helpers",
                             "pair",
+                            "l_partial",
                             "passed",
                             "max_abs_err",
                             "median_ms",

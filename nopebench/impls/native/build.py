@@ -41,12 +41,18 @@ PLAN_SHAPES = (
     (64, 64, 2, False),
 )
 # The warp-specialised kernel: (heads, query tokens, role split, RoPE lanes) of each shape
-# plan_hopper_ws emits (None: its default), and its one-consumer form at 16 heads, which tuning
+# plan_hopper_ws emits (None: its default; at 32 heads the role split from 256 tokens where this
+# Triton takes it, one consumer below), and its one-consumer form at 16 heads, which tuning
 # compares; each for NoPE rows and for the rows with RoPE lanes (the shim's), whose plans differ.
 WS_PLAN_CASES = tuple(
-    (heads, 512, split, rope)
+    (heads, tokens, split, rope)
     for rope in (False, True)
-    for heads, split in ((16, None), (32, None), (16, False))
+    for heads, tokens, split in (
+        (16, 512, None),
+        (32, 512, None),
+        (32, 128, None),
+        (16, 512, False),
+    )
 )
 # The 64-head kernel: (heads, query tokens, RoPE lanes) of plans without splits, at one and two
 # head blocks, and one with splits, for both row kinds. (With the split count a runtime value

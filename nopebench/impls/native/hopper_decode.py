@@ -183,15 +183,22 @@ def _issue_scores(
 
 
 @gluon.jit
-def _softmax_step(s, valid, m_i, l_i, qk_scale_log2, KEYS: gl.constexpr = 0):
+def _softmax_step(
+    s, valid, m_i, l_i, qk_scale_log2, KEYS: gl.constexpr = 0, PARTIAL: gl.constexpr = False
+):
     """Online-softmax update over one block of scores with keys on axis KEYS (0: the swapped
-    S^T, heads on axis 1): new max, P, rescale."""
+    S^T, heads on axis 1): new max, P, rescale. PARTIAL: `l_i` has the scores' shape and is
+    updated element by element (summed over the keys once, after the last block), so no
+    block's sum crosses threads."""
     s = gl.where(gl.expand_dims(valid, 1 - KEYS), s * qk_scale_log2, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(s, axis=KEYS))
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # no valid entry yet: keep p = 0
     p = gl.exp2(s - gl.expand_dims(m_safe, KEYS))
     alpha = gl.exp2(m_i - m_safe)
-    l_i = l_i * alpha + gl.sum(p, axis=KEYS)
+    if PARTIAL:  # noqa: SIM108 (a constexpr if: only the taken branch is compiled)
+        l_i = l_i * gl.expand_dims(alpha, KEYS) + p
+    else:
+        l_i = l_i * alpha + gl.sum(p, axis=KEYS)
     return p, alpha, m_new, l_i
 
 
@@ -267,10 +274,24 @@ def _empty_state(BLOCK_H: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.con
 
 
 @gluon.jit
-def _attend(s, valid, kv, p_smem, o0, o1, o2, o3, m_i, l_i, qk_scale_log2, o_layout: gl.constexpr):
-    """One block after its scores: the online-softmax step, P into shared memory, and the
-    output product, waited for."""
-    p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, qk_scale_log2)
+def _attend(
+    s,
+    valid,
+    kv,
+    p_smem,
+    o0,
+    o1,
+    o2,
+    o3,
+    m_i,
+    l_i,
+    qk_scale_log2,
+    o_layout: gl.constexpr,
+    PARTIAL: gl.constexpr = False,
+):
+    """One block after its scores: the online-softmax step (PARTIAL: `_softmax_step`'s), P into
+    shared memory, and the output product, waited for."""
+    p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, qk_scale_log2, PARTIAL=PARTIAL)
     p_smem.store(p.to(gl.bfloat16))
     fence_async_shared()
     o0, o1, o2, o3 = _issue_output(kv, p_smem, o0, o1, o2, o3, alpha, o_layout)

@@ -18,6 +18,12 @@ the roles run at once, in partitions that hand tiles over with mbarriers:
   measured the split faster at 16 heads per program, and at 32 from 256 query tokens on; one
   consumer faster at 32 heads and fewer tokens).
 
+With L_PARTIAL (the plan's `l_partial`) the softmax's running sum is kept per thread, one value
+per score element, rescaled and added to element by element, and summed across the block's rows
+once, after the item's last block: the keys are spread over the warpgroup's four warps, so a sum
+per block would cross them through shared memory. The running max still crosses them every
+block, since P needs it.
+
 The grid is one-dimensional over work items (query token, head block, split). With ROLE_SPLIT
 it is persistent: one program per SM walks items pid, pid + programs, ..., every partition the
 same list, so the producer gathers the next item's rows while the consumers finish the last
@@ -107,6 +113,7 @@ def launch_constants(plan, row_bytes: int) -> tuple[dict, dict]:
         P_WARPS=PRODUCER_WARPS,
         P_REGS=p_regs,
         S_REGS=s_regs,
+        L_PARTIAL=plan.l_partial,
     )
     return constants, {"num_warps": CONSUMER_WARPS, "maxnreg": launch_regs(plan.role_split)}
 
@@ -681,6 +688,7 @@ def _consumer(
     ROPE: gl.constexpr,
     acc_layout: gl.constexpr,
     q_layout: gl.constexpr,
+    L_PARTIAL: gl.constexpr,
 ):
     """One warpgroup, one item (this consumer's grid is one program per item: looping over
     items, the addresses it hoists out of the loop spill at 32 heads): stage q, then per block
@@ -693,6 +701,8 @@ def _consumer(
     _stage_q(q_ptr, q_smem, qr_smem, tok, hb, heads, stride_qt, stride_qh, BLOCK_H, ROPE, q_layout)
     fence_async_shared()
     o0, o1, o2, o3, m_i, l_i = _empty_state(BLOCK_H, acc_layout, acc_layout)
+    if L_PARTIAL:
+        l_i = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, acc_layout)
     for i in range(BLOCKS):
         valid = _load_idx(idx_row, start + i * BLOCK_N, end, BLOCK_N, rows_s) >= 0
         s = _scores(
@@ -711,8 +721,11 @@ def _consumer(
             l_i,
             qk_scale_log2,
             acc_layout,
+            L_PARTIAL,
         )
         mbarrier.arrive(empty_bars.index(i % NUM_BUF), count=1)
+    if L_PARTIAL:
+        l_i = gl.sum(l_i, axis=0)
     _write_out(
         o0,
         o1,
@@ -767,6 +780,7 @@ def _scorer(
     ROPE: gl.constexpr,
     s_layout: gl.constexpr,
     q_layout: gl.constexpr,
+    L_PARTIAL: gl.constexpr,
 ):
     """ROLE_SPLIT's first consumer, every item: stage q, then per block the scores and online
     softmax; P and the rescale factor go to the accumulator, and the final max and sum too."""
@@ -781,7 +795,10 @@ def _scorer(
         )
         fence_async_shared()
         m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(0, s_layout))
-        l_i = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(0, s_layout))
+        if L_PARTIAL:
+            l_i = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, s_layout)
+        else:
+            l_i = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(0, s_layout))
         for i in range(BLOCKS):
             g = it * BLOCKS + i
             b = g % NUM_BUF
@@ -789,7 +806,7 @@ def _scorer(
             s = _scores(
                 q_smem, qr_smem, kv_bufs, rope_bufs, full_bars, g, BLOCK_N, BLOCK_H, ROPE, s_layout
             )
-            p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, qk_scale_log2)
+            p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, qk_scale_log2, PARTIAL=L_PARTIAL)
             mbarrier.wait(
                 p_empty.index(b), ((g // NUM_BUF) & 1) ^ 1
             )  # P tile b is free (both start free)
@@ -799,7 +816,10 @@ def _scorer(
             mbarrier.arrive(p_full.index(b), count=1)
         f = it % 2  # the accumulator reads item it's max and sum while this one runs item it + 1
         ml_smem.index(2 * f).store(m_i)
-        ml_smem.index(2 * f + 1).store(l_i)
+        if L_PARTIAL:
+            ml_smem.index(2 * f + 1).store(gl.sum(l_i, axis=0))
+        else:
+            ml_smem.index(2 * f + 1).store(l_i)
         mbarrier.arrive(fin_bars.index(f), count=1)
 
 
@@ -910,13 +930,14 @@ def hopper_ws_decode_kernel(
     P_WARPS: gl.constexpr,
     P_REGS: gl.constexpr,
     S_REGS: gl.constexpr,
+    L_PARTIAL: gl.constexpr,
 ):
     # ROPE: 576-wide QK, the rows' 64 bf16 RoPE lanes at ROPE_OFFSET against q's last 64 (the
     # output still reads the 512 latent lanes only); without it 512-wide NoPE.
     # BLOCKS: BLOCK_N-row blocks per item (entries_per_split / BLOCK_N); C_WARPS: each consumer
     # role's warps (one warpgroup, the kernel's num_warps); P_WARPS, P_REGS, S_REGS: the producer's
     # warps and the producer's and scorer's register budgets (setmaxnreg); RING_SLOTS: ring
-    # slots of 4 * P_WARPS rows.
+    # slots of 4 * P_WARPS rows; L_PARTIAL: the softmax sums per thread (module docstring).
     SUB: gl.constexpr = 4 * P_WARPS
     # The wgmma accumulator layout of both products: S^T (BLOCK_N x BLOCK_H) and each 128-row
     # tile of O^T have BLOCK_H columns, so one layout serves scores, P and the output.
@@ -1018,6 +1039,7 @@ def hopper_ws_decode_kernel(
                         ROPE,
                         acc_layout,
                         q_layout,
+                        L_PARTIAL,
                     ),
                 ),
                 (
@@ -1090,6 +1112,7 @@ def hopper_ws_decode_kernel(
                         ROPE,
                         acc_layout,
                         q_layout,
+                        L_PARTIAL,
                     ),
                 ),
                 (

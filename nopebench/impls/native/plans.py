@@ -28,6 +28,7 @@ from nopebench.impls.native.constants import (
     WIDE_ROPE_BLOCK_N,
     WIDE_ROPE_SLOTS,
     WS_MAX_BLOCK_H,
+    WS_PARTIAL_SUM_BLOCK_H,
     WS_RING_ROWS,
     WS_SPLIT_32_MIN_TOKENS,
     WS_SPLIT_32_REGS,
@@ -64,6 +65,7 @@ class LaunchPlan:
     pv_split: bool = False  # hopper_wide: both output halves in warpgroups of their own
     helpers: int = 0  # hopper_wide with pv_split: rows of every block each output warpgroup fills
     pair: bool = False  # hopper_wide: head blocks in 2-CTA clusters sharing each block's rows
+    l_partial: bool = False  # hopper_ws: softmax sums kept per thread, summed after the last block
 
     @property
     def programs(self) -> int:
@@ -269,6 +271,7 @@ def plan_hopper_ws(
     block_h: int | None = None,
     role_split: bool | None = None,
     rope: bool = False,
+    l_partial: bool | None = None,
 ) -> LaunchPlan:
     """Launch shape for the warp-specialised SM90 kernel (at most 32 heads per program): 64-row
     blocks, two dequantized tiles, as many heads per program as it takes. With 16 heads per
@@ -279,7 +282,9 @@ def plan_hopper_ws(
     many as fit, if fewer) and one persistent program per SM; one consumer takes as many 32-row
     slots as shared memory holds and one program per work item (the H200 sweeps:
     results/reference/decode-tuning/). `rope`: the rows' RoPE lanes are read too (576-wide QK),
-    which takes shared memory in the ring, the tiles and q, so fewer slots fit."""
+    which takes shared memory in the ring, the tiles and q, so fewer slots fit. `l_partial`:
+    the softmax sums kept per thread until the item's last block, by default at
+    WS_PARTIAL_SUM_BLOCK_H heads per program."""
     block_n = 64
     if block_h is None:
         block_h = min(WS_MAX_BLOCK_H, max(16, next_pow2(heads)))
@@ -326,6 +331,7 @@ def plan_hopper_ws(
         role_split=role_split,
         max_programs=sms if role_split else 0,
         rope=rope,
+        l_partial=block_h == WS_PARTIAL_SUM_BLOCK_H if l_partial is None else l_partial,
     )
 
 
