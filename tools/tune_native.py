@@ -126,6 +126,11 @@ def hopper_variants(
             dict(kernel="hopper_ws", slots=2, role_split=False),
             dict(kernel="hopper_ws", block_h=16),
         ]
+        # The softmax sums: per block where the plan keeps them per thread, and the other way.
+        cands += [
+            dict(kernel="hopper_ws", block_h=32, l_partial=False),
+            dict(kernel="hopper_ws", block_h=16, l_partial=True),
+        ]
     if heads > 32:
         # The 64-head kernel: its plan (three ring slots for NoPE rows, two for RoPE) and two.
         cands += [dict(kernel="hopper_wide"), dict(kernel="hopper_wide", slots=2)]
