@@ -253,7 +253,7 @@ def build_plan(tokens: int, heads: int, v: dict, rope: bool = False) -> LaunchPl
             block_h=v.get("block_h"),
             role_split=v.get("role_split"),
             rope=rope,
-            **{k: v[k] for k in ("l_partial",) if k in v},
+            l_partial=v.get("l_partial"),
         )
     if v.get("kernel") == "hopper":
         return plan_hopper(
