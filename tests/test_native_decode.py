@@ -512,6 +512,23 @@ def test_32_head_programs_keep_their_softmax_sums_per_thread():
         assert ws.launch_constants(plan, 528)[0]["L_PARTIAL"] == (heads == 32)
 
 
+def test_32_head_role_split_producer_takes_one_split_as_a_constant():
+    """The role split's producer at WS_CONST_SPLIT_BLOCK_H heads per program, NoPE rows, one
+    split: the split count is the constexpr 1; with RoPE lanes, more splits, 16 heads per
+    program or one consumer it stays a run-time value."""
+    from nopebench.impls.native import hopper_ws_decode as ws
+
+    def const(tokens, heads, rope=False, split=True):
+        plan = plan_hopper_ws(tokens, heads, 2176, 132, role_split=split, rope=rope)
+        return ws.launch_constants(plan, 656 if rope else 528)[0]["P_ONE_SPLIT"], plan.splits
+
+    assert const(512, 32) == (True, 1) and const(256, 32) == (True, 1)
+    assert const(512, 32, rope=True) == (False, 1)
+    assert const(512, 16) == (False, 1)
+    assert const(512, 32, split=False) == (False, 1)
+    assert const(8, 32)[1] > 1 and not const(8, 32)[0]
+
+
 @pytest.mark.parametrize(
     "tokens, heads", [(1, 16), (8, 16), (8, 32), (100, 16), (512, 16), (512, 32), (512, 64)]
 )

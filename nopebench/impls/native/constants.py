@@ -43,6 +43,11 @@ WS_SPLIT_32_REGS = {(3, 6): ((96, 120), (88, 120))}
 # across the four warps, through shared memory): on the H200 4-8% faster for NoPE rows at 64-512
 # tokens and 5-6% for the shim at 256-512 (within 2% below that); at 16 heads 1-4% slower.
 WS_PARTIAL_SUM_BLOCK_H = 32
+# The role split's producer at this many heads per program, NoPE rows, one split: the split count
+# the constexpr 1, so its per-sub-block item arithmetic folds away. On the H200 3-6% faster at
+# 256-512 tokens; at 16 heads 1-6% slower (and Triton 3.9 spills 8 bytes there), with RoPE lanes
+# Triton 3.6 spills 8 bytes.
+WS_CONST_SPLIT_BLOCK_H = 32
 # Where the role split is asked for under another Triton: the NoPE budgets (3.9 compiles them
 # spill-free too).
 WS_SPLIT_32_DEFAULT_REGS = WS_SPLIT_32_REGS[(3, 6)][0]

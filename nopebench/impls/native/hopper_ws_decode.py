@@ -53,7 +53,7 @@ from nopebench.impls.native.cluster import (
     _partner_window,
     _send_partner,
 )
-from nopebench.impls.native.constants import WS_SPLIT_32_DEFAULT_REGS
+from nopebench.impls.native.constants import WS_CONST_SPLIT_BLOCK_H, WS_SPLIT_32_DEFAULT_REGS
 from nopebench.impls.native.hopper_decode import (
     ROPE_OFFSET,
     TILE,
@@ -114,6 +114,11 @@ def launch_constants(plan, row_bytes: int) -> tuple[dict, dict]:
         P_REGS=p_regs,
         S_REGS=s_regs,
         L_PARTIAL=plan.l_partial,
+        # The role split's producer with the split count the constexpr 1 (constants).
+        P_ONE_SPLIT=plan.role_split
+        and plan.block_h == WS_CONST_SPLIT_BLOCK_H
+        and not plan.rope
+        and plan.splits == 1,
     )
     return constants, {"num_warps": CONSUMER_WARPS, "maxnreg": launch_regs(plan.role_split)}
 
@@ -931,13 +936,15 @@ def hopper_ws_decode_kernel(
     P_REGS: gl.constexpr,
     S_REGS: gl.constexpr,
     L_PARTIAL: gl.constexpr,
+    P_ONE_SPLIT: gl.constexpr,
 ):
     # ROPE: 576-wide QK, the rows' 64 bf16 RoPE lanes at ROPE_OFFSET against q's last 64 (the
     # output still reads the 512 latent lanes only); without it 512-wide NoPE.
     # BLOCKS: BLOCK_N-row blocks per item (entries_per_split / BLOCK_N); C_WARPS: each consumer
     # role's warps (one warpgroup, the kernel's num_warps); P_WARPS, P_REGS, S_REGS: the producer's
     # warps and the producer's and scorer's register budgets (setmaxnreg); RING_SLOTS: ring
-    # slots of 4 * P_WARPS rows; L_PARTIAL: the softmax sums per thread (module docstring).
+    # slots of 4 * P_WARPS rows; L_PARTIAL: the softmax sums per thread (module docstring);
+    # P_ONE_SPLIT: the role split's producer takes the split count as the constexpr 1.
     SUB: gl.constexpr = 4 * P_WARPS
     # The wgmma accumulator layout of both products: S^T (BLOCK_N x BLOCK_H) and each 128-row
     # tile of O^T have BLOCK_H columns, so one layout serves scores, P and the output.
@@ -961,8 +968,8 @@ def hopper_ws_decode_kernel(
         mbarrier.init(full_bars.index(b), count=1)
         mbarrier.init(empty_bars.index(b), count=1)
     # (A tuple of the producer's arguments would lose their constexpr-ness, so each branch lists
-    # them.) The split count stays a run-time value here (False): as a constexpr Triton 3.9
-    # spills 8 bytes at 16 heads.
+    # them.) The split count stays a run-time value here except with P_ONE_SPLIT: as a constexpr
+    # Triton 3.9 spills 8 bytes at 16 heads.
 
     if ROLE_SPLIT:
         # The hand-over from scorer to accumulator: P's rescale factor per block, the final max
@@ -1066,7 +1073,7 @@ def hopper_ws_decode_kernel(
                         RING_SLOTS,
                         P_WARPS,
                         HEAD_BLOCKS,
-                        False,
+                        P_ONE_SPLIT,
                         False,
                         BLOCK_N // SUB,
                     ),
