@@ -1,3 +1,5 @@
+"""Counts the SASS of the longest loop holding an opcode (the producer's block loop):
+    python loop.py FILE.sass OPCODE [v]   (v: also print the loop)"""
 import re, sys, collections
 out = open(sys.argv[1]).read()
 ins = []
