@@ -51,7 +51,7 @@ def build(ring: int, extra: str, out: Path) -> ctypes.CDLL:
 def run(lib, q, cache, idx, splits, bufs):
     tokens, heads, _ = q.shape
     width = idx.shape[1]
-    per = math.ceil(width / splits / 16) * 16
+    per = math.ceil(width / splits / 32) * 32
     out, lse, part, plse = bufs
     rc = lib.regpath_decode(
         q.data_ptr(), cache.data_ptr(), idx.data_ptr(), part.data_ptr(), plse.data_ptr(),
