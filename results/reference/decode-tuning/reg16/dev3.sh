@@ -1,0 +1,9 @@
+pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>&1 | grep -v WARN | tail -1
+export PYTHONPATH=$PWD:/tmp/site
+CASES=16x8,16x64,16x128,16x512 VARIANTS='[[4,2,""],[3,3,"-DQ_SMEM"],[2,3,"-DQ_SMEM"]]' timeout 300 python3 _dev/run_reg16.py > $OUT/timing.log 2>&1
+grep "^|" $OUT/timing.log
+cd _dev
+ST=3 MB=3 EXTRA="-DQ_SMEM" OUT=$OUT/prof timeout 200 ncu --kernel-name reg16_decode --launch-skip 2 --launch-count 1 --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats --section SourceCounters -o $OUT/r python3 prof_reg16.py > $OUT/ncu.log 2>&1
+ncu -i $OUT/r.ncu-rep --page details > $OUT/details.txt 2>&1
+ncu -i $OUT/r.ncu-rep --page source --csv --print-source sass > $OUT/src.csv 2>&1; gzip $OUT/src.csv; rm -f $OUT/r.ncu-rep
+grep -E "Duration|Issued Warp|Eligible Warps|Active Warps Per|Warp Cycles Per Issued|SM Frequency|excessive" $OUT/details.txt
