@@ -11,6 +11,9 @@
 #ifndef STAGES
 #define STAGES 4
 #endif
+#ifndef TAU
+#define TAU 8.f
+#endif
 #ifndef MINB
 #define MINB 2
 #endif
@@ -30,6 +33,11 @@ struct Smem {
   int all[IDX_SMEM];  // the split's index entries, -1 past its end up to a whole block
 #endif
   float4 red[WARPS][4][32];  // one buffer: the next write is past the next block's first barrier
+#ifdef RS
+  uint2 pbuf[WARPS][32];  // n-tile w's P (bf16 pairs), from warp w
+  float lmax[WARPS][16];
+  float lsum[WARPS][16];
+#endif
 #ifdef Q_SMEM
   uint4 qf[WARPS][8][32];
 #endif
@@ -281,6 +289,92 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB)
 #pragma unroll
     for (int j = 0; j < 4; ++j)
       sm.red[w][j][lane] = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
+#ifdef RS
+    __syncthreads();
+    {
+      // Warp w sums n-tile w (keys 8w .. 8w+7) over the four partials and runs its slice of the
+      // softmax against a shared reference max, moved only when some score passes it by TAU.
+      float4 t = sm.red[0][w][lane];
+#pragma unroll
+      for (int ww = 1; ww < WARPS; ++ww) {
+        const float4 u = sm.red[ww][w][lane];
+        t.x += u.x;
+        t.y += u.y;
+        t.z += u.z;
+        t.w += u.w;
+      }
+#ifdef IDX_SMEM
+      const int2 iv = *reinterpret_cast<const int2*>(&sm.all[b * BN + 8 * w + 2 * c]);
+#else
+      const int2 iv = *reinterpret_cast<const int2*>(&sm.idx[st][8 * w + 2 * c]);
+#endif
+      const float v0 = iv.x >= 0 ? t.x * scale_log2 : -INFINITY;
+      const float v1 = iv.y >= 0 ? t.y * scale_log2 : -INFINITY;
+      const float v2 = iv.x >= 0 ? t.z * scale_log2 : -INFINITY;
+      const float v3 = iv.y >= 0 ? t.w * scale_log2 : -INFINITY;
+      float x0 = fmaxf(v0, v1), x1 = fmaxf(v2, v3);
+      x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 1));
+      x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 2));
+      x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 1));
+      x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 2));
+      if (c == 0) {
+        sm.lmax[w][g] = x0;
+        sm.lmax[w][g + 8] = x1;
+      }
+      const bool grow = x0 > m0 + TAU || x1 > m1 + TAU;
+      float z0 = m0 == -INFINITY ? 0.f : m0, z1 = m1 == -INFINITY ? 0.f : m1;
+      float p0 = exp2f(v0 - z0), p1 = exp2f(v1 - z0), p2 = exp2f(v2 - z1), p3 = exp2f(v3 - z1);
+      sm.pbuf[w][lane] = make_uint2(pack(p0, p1), pack(p2, p3));
+      if (__syncthreads_or(grow)) {
+        float n0 = m0, n1 = m1;
+#pragma unroll
+        for (int ww = 0; ww < WARPS; ++ww) {
+          n0 = fmaxf(n0, sm.lmax[ww][g]);
+          n1 = fmaxf(n1, sm.lmax[ww][g + 8]);
+        }
+        const float y0 = n0 == -INFINITY ? 0.f : n0, y1 = n1 == -INFINITY ? 0.f : n1;
+        const float a0 = exp2f(m0 - y0), a1 = exp2f(m1 - y1);
+        m0 = n0;
+        m1 = n1;
+        l0 *= a0;
+        l1 *= a1;
+#pragma unroll
+        for (int s2 = 0; s2 < 8; ++s2)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            o[s2][h][0] *= a0;
+            o[s2][h][1] *= a0;
+            o[s2][h][2] *= a1;
+            o[s2][h][3] *= a1;
+          }
+        p0 = exp2f(v0 - y0);
+        p1 = exp2f(v1 - y0);
+        p2 = exp2f(v2 - y1);
+        p3 = exp2f(v3 - y1);
+        __syncthreads();
+        sm.pbuf[w][lane] = make_uint2(pack(p0, p1), pack(p2, p3));
+        __syncthreads();
+      }
+      l0 += p0 + p1;
+      l1 += p2 + p3;
+      uint32_t pa[2][4];
+#pragma unroll
+      for (int tt = 0; tt < 2; ++tt) {
+        const uint2 e0 = sm.pbuf[2 * tt][lane], e1 = sm.pbuf[2 * tt + 1][lane];
+        pa[tt][0] = e0.x;
+        pa[tt][1] = e0.y;
+        pa[tt][2] = e1.x;
+        pa[tt][3] = e1.y;
+      }
+#pragma unroll
+      for (int s2 = 0; s2 < 8; ++s2)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int tt = 0; tt < 2; ++tt)
+            mma(o[s2][h], pa[tt], trans(kb[2 * tt][s2][h]), trans(kb[2 * tt + 1][s2][h]));
+    }
+#else
     __syncthreads();
     float sc4[4][4];
 #pragma unroll
@@ -377,12 +471,22 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB)
         o[s][h][0] += __uint_as_float(kb[0][s][h] & 0x3f3f3f3fu) * pa[0][0];
 #endif
       }
+#endif
   }
 
   l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
   l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+#ifdef RS
+  if (c == 0) {
+    sm.lsum[w][g] = l0;
+    sm.lsum[w][g + 8] = l1;
+  }
+  __syncthreads();
+  l0 = ((sm.lsum[0][g] + sm.lsum[1][g]) + sm.lsum[2][g]) + sm.lsum[3][g];
+  l1 = ((sm.lsum[0][g + 8] + sm.lsum[1][g + 8]) + sm.lsum[2][g + 8]) + sm.lsum[3][g + 8];
+#endif
 #ifdef FOLD
   const float i0 = l0 > 0.f ? 0x1p64f / l0 : 0.f, i1 = l1 > 0.f ? 0x1p64f / l1 : 0.f;
 #else
