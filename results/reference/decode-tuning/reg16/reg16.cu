@@ -204,6 +204,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB)
   const int nblocks = last < 0 ? 0 : (last - start) / BN + 1;
 
 #pragma unroll
+#ifdef MERGE
+  // All stages fill first; each block's refill follows its first barrier, and the wait for the
+  // next block rides on its last one, so a block costs two barriers.
+  for (int s = 0; s < STAGES; ++s) {
+    if (s < nblocks) issue(s, sm.all[s * BN + lr]);
+    commit();
+  }
+  wait_group<STAGES - 1>();
+  __syncthreads();
+#endif
+#ifndef MERGE
   for (int s = 0; s < STAGES - 1; ++s) {
 #ifdef IDX_SMEM
     if (s < nblocks) issue(s, sm.all[s * BN + lr]);
@@ -212,6 +223,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB)
 #endif
     commit();
   }
+#endif
 #ifndef IDX_SMEM
   int idx_next = load_idx(idx_row, start + (STAGES - 1) * BN + lr, end);
 #endif
@@ -226,6 +238,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB)
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
 
   for (int b = 0; b < nblocks; ++b) {
+#ifndef MERGE
     wait_group<STAGES - 2>();
     __syncthreads();
 #ifdef IDX_SMEM
@@ -234,6 +247,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB)
     if (b + STAGES - 1 < nblocks) issue((b + STAGES - 1) % STAGES, idx_next);
 #endif
     commit();
+#endif
 #ifndef IDX_SMEM
     idx_next = load_idx(idx_row, start + (b + STAGES) * BN + lr, end);
 #endif
@@ -291,6 +305,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB)
       sm.red[w][j][lane] = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
 #ifdef RS
     __syncthreads();
+#ifdef MERGE
+    if (b + STAGES < nblocks) issue(st, sm.all[(b + STAGES) * BN + lr]);
+    commit();
+#endif
     {
       // Warp w sums n-tile w (keys 8w .. 8w+7) over the four partials and runs its slice of the
       // softmax against a shared reference max, moved only when some score passes it by TAU.
@@ -325,6 +343,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB)
       float z0 = m0 == -INFINITY ? 0.f : m0, z1 = m1 == -INFINITY ? 0.f : m1;
       float p0 = exp2f(v0 - z0), p1 = exp2f(v1 - z0), p2 = exp2f(v2 - z1), p3 = exp2f(v3 - z1);
       sm.pbuf[w][lane] = make_uint2(pack(p0, p1), pack(p2, p3));
+#ifdef MERGE
+      wait_group<STAGES - 1>();
+#endif
       if (__syncthreads_or(grow)) {
         float n0 = m0, n1 = m1;
 #pragma unroll
