@@ -19,7 +19,16 @@
 #endif
 
 namespace {
+#ifdef ROPE
+// The shim's 656-byte rows: 64 bf16 RoPE lanes after the scales, q 576 wide; warp w adds
+// RoPE lanes [16w, 16w + 16) to its partial scores (one more k-step, no conversion).
+constexpr int ROW = 656;
+constexpr int QK = 576;
+constexpr int ROPE_OFF = 528;
+#else
 constexpr int ROW = 528;
+constexpr int QK = 512;
+#endif
 constexpr int SCALE_OFF = 512;
 constexpr int BN = 32;
 constexpr int WARPS = 4;
@@ -145,7 +154,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB)
       const uint8_t* src = cache + (v ? (long long)ri * ROW : 0);
       uint8_t* dst = base + k * ROW;
       cp16(dst + 16 * lane, src + 16 * lane, v);
+#ifdef ROPE
+      if (lane < 9) cp16(dst + SCALE_OFF + 16 * lane, src + SCALE_OFF + 16 * lane, v);
+#else
       if (lane == 0) cp16(dst + SCALE_OFF, src + SCALE_OFF, v);
+#endif
     }
 #ifndef IDX_SMEM
     if (lane < 8) sm.idx[stage][8 * w + lane] = my_idx;
@@ -174,14 +187,27 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB)
 
   // q fragments of warp w: logical k {2c, 2c+1} of k-step s is dim 128w + 32c + 4s + {0, 1},
   // {2c+8, 2c+9} is + {2, 3}.
+#ifdef ROPE
+  uint32_t qr[4];
+#endif
 #ifdef Q_SMEM
   {
 #else
   uint32_t qa[8][4];
   {
 #endif
-    const __nv_bfloat16* q0 = q + tok * stride_qt + g * 512 + 128 * w + 32 * c;
-    const __nv_bfloat16* q8 = q0 + 8 * 512;
+#ifdef ROPE
+    {
+      const __nv_bfloat16* r0 = q + tok * stride_qt + g * QK + 512 + 16 * w + 2 * c;
+      const __nv_bfloat16* r8 = r0 + 8 * QK;
+      qr[0] = *reinterpret_cast<const uint32_t*>(r0);
+      qr[1] = *reinterpret_cast<const uint32_t*>(r8);
+      qr[2] = *reinterpret_cast<const uint32_t*>(r0 + 8);
+      qr[3] = *reinterpret_cast<const uint32_t*>(r8 + 8);
+    }
+#endif
+    const __nv_bfloat16* q0 = q + tok * stride_qt + g * QK + 128 * w + 32 * c;
+    const __nv_bfloat16* q8 = q0 + 8 * QK;
 #pragma unroll
     for (int s = 0; s < 8; ++s) {
       uint2 a = *reinterpret_cast<const uint2*>(q0 + 4 * s);
@@ -288,6 +314,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB)
 #pragma unroll
       for (int j = 0; j < 4; ++j) mma(acc[j], qs, kb[j][s][0], kb[j][s][1]);
     }
+#ifdef ROPE
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint8_t* rr = rows + (8 * j + g) * ROW + ROPE_OFF + 2 * (16 * w + 2 * c);
+      mma(acc[j], qr, *reinterpret_cast<const uint32_t*>(rr),
+          *reinterpret_cast<const uint32_t*>(rr + 16));
+    }
+#endif
 #ifdef FOLD
     float ks[4][2];  // scales of keys 8j + 2c + {0, 1} for tile w
 #pragma unroll
@@ -518,7 +552,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB)
   const float e1 = l1 > 0.f ? (m1 + __log2f(l1)) * LN2 : -INFINITY;
   const int dim0 = 128 * w + 32 * c;
   if (splits == 1) {
-    __nv_bfloat16* r0 = out + ((long long)tok * HEADS + g) * 512 + dim0;
+    __nv_bfloat16* r0 = out + ((long long)tok * HEADS + g) * 512 + dim0;  // out is 512 wide either way
     __nv_bfloat16* r1 = r0 + 8 * 512;
 #pragma unroll
     for (int qq = 0; qq < 4; ++qq) {

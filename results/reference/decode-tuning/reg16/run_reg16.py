@@ -106,22 +106,33 @@ def main() -> int:
     env = environment_header()
     (OUT / "env.json").write_text(json.dumps(env, indent=1, default=str))
     libs = {tuple(v): build(*v) for v in variants}
-    cache, usable = build_cache("nope", ROWS, 64, "arbitrary_fp32", "cuda", seed=1234)
+    mode = os.environ.get("MODE", "nope")
+    rope = 64 if mode == "shim" else 0
+    cache, usable = build_cache(mode, ROWS, 64, "arbitrary_fp32", "cuda", seed=1234)
+    random_rope = rope and os.environ.get("RANDOM_ROPE") == "1"
+    if random_rope:  # nonzero RoPE lanes in the cache and in q, to check the RoPE k-step itself
+        g0 = torch.Generator(device="cuda").manual_seed(7)
+        lanes = torch.randn(usable, 64, device="cuda", generator=g0).to(torch.bfloat16)
+        cache.view(-1, cache.shape[-1])[:usable, 528:] = lanes.view(torch.uint8)
     gen = torch.Generator(device="cuda").manual_seed(1234)
     rows = []
     for width in widths:
         for case in cases.split(","):
             heads, tokens = map(int, case.split("x"))
             sets = 4 if tokens >= 64 else 64
-            qs = [torch.randn(tokens, heads, 512, device="cuda", generator=gen).clamp(-1, 1)
-                  .to(torch.bfloat16) for _ in range(sets)]
+            qs = [torch.randn(tokens, heads, 512 + rope, device="cuda", generator=gen)
+                  .clamp(-1, 1).to(torch.bfloat16) for _ in range(sets)]
+            if not random_rope:
+                for qq in qs:
+                    qq[..., 512:] = 0  # the shim's q: zero RoPE lanes
             idxs = [make_indices(tokens, width, usable, gen) for _ in range(sets)]
-            ref, ref_lse = sparse_decode_reference(qs[0], cache, idxs[0], SCALE, 0)
-            base = dict(heads=heads, tokens=tokens, width=width)
+            ref, ref_lse = sparse_decode_reference(qs[0], cache, idxs[0], SCALE, rope)
+            base = dict(heads=heads, tokens=tokens, width=width,
+                        mode=mode + ("+random-rope" if random_rope else ""))
             # planned native kernel
-            res = native_decode(qs[0], cache, idxs[0], SCALE, 0)
+            res = native_decode(qs[0], cache, idxs[0], SCALE, rope)
             cmp = close(res.out, ref)
-            tm = time_gpu([lambda q=q, i=i: native_decode(q, cache, i, SCALE, 0)
+            tm = time_gpu([lambda q=q, i=i: native_decode(q, cache, i, SCALE, rope)
                            for q, i in zip(qs, idxs)], budget_s=0.3)
             rows.append({**base, "impl": "native", "passed": cmp.passed,
                          "max_abs_err": cmp.max_abs_err, "cos_diff": cmp.cos_diff,
