@@ -96,6 +96,18 @@ __device__ __forceinline__ void exact4(uint32_t w, uint32_t& lo, uint32_t& hi) {
   hi = ((h1 & 0x7fff7fffu) >> 3) | (h1 & 0x80008000u);
 }
 
+// 2^x; with FTZ the hardware's approximation with denormal results flushed to zero (a weight
+// below 2^-126 changes nothing), without the range checks exp2f adds when denormals are kept.
+__device__ __forceinline__ float ex2(float x) {
+#ifdef FTZ
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return exp2f(x);
+#endif
+}
+
 __device__ __forceinline__ uint32_t trans(uint32_t x) {
   uint32_t y;
   asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
@@ -375,7 +387,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB)
       }
       const bool grow = x0 > m0 + TAU || x1 > m1 + TAU;
       float z0 = m0 == -INFINITY ? 0.f : m0, z1 = m1 == -INFINITY ? 0.f : m1;
-      float p0 = exp2f(v0 - z0), p1 = exp2f(v1 - z0), p2 = exp2f(v2 - z1), p3 = exp2f(v3 - z1);
+      float p0 = ex2(v0 - z0), p1 = ex2(v1 - z0), p2 = ex2(v2 - z1), p3 = ex2(v3 - z1);
       sm.pbuf[w][lane] = make_uint2(pack(p0, p1), pack(p2, p3));
 #ifdef MERGE
       wait_group<STAGES - 1>();
@@ -388,7 +400,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB)
           n1 = fmaxf(n1, sm.lmax[ww][g + 8]);
         }
         const float y0 = n0 == -INFINITY ? 0.f : n0, y1 = n1 == -INFINITY ? 0.f : n1;
-        const float a0 = exp2f(m0 - y0), a1 = exp2f(m1 - y1);
+        const float a0 = ex2(m0 - y0), a1 = ex2(m1 - y1);
         m0 = n0;
         m1 = n1;
         l0 *= a0;
@@ -402,10 +414,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB)
             o[s2][h][2] *= a1;
             o[s2][h][3] *= a1;
           }
-        p0 = exp2f(v0 - y0);
-        p1 = exp2f(v1 - y0);
-        p2 = exp2f(v2 - y1);
-        p3 = exp2f(v3 - y1);
+        p0 = ex2(v0 - y0);
+        p1 = ex2(v1 - y0);
+        p2 = ex2(v2 - y1);
+        p3 = ex2(v3 - y1);
         __syncthreads();
         sm.pbuf[w][lane] = make_uint2(pack(p0, p1), pack(p2, p3));
         __syncthreads();
@@ -466,7 +478,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB)
     x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 2));
     const float n0 = fmaxf(m0, x0), n1 = fmaxf(m1, x1);
     const float z0 = n0 == -INFINITY ? 0.f : n0, z1 = n1 == -INFINITY ? 0.f : n1;
-    const float a0 = exp2f(m0 - z0), a1 = exp2f(m1 - z1);
+    const float a0 = ex2(m0 - z0), a1 = ex2(m1 - z1);
     m0 = n0;
     m1 = n1;
     float p[4][4];
@@ -476,10 +488,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB)
     float s0 = 0.f, s1 = 0.f;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      p[j][0] = exp2f(sc4[j][0] - z0);
-      p[j][1] = exp2f(sc4[j][1] - z0);
-      p[j][2] = exp2f(sc4[j][2] - z1);
-      p[j][3] = exp2f(sc4[j][3] - z1);
+      p[j][0] = ex2(sc4[j][0] - z0);
+      p[j][1] = ex2(sc4[j][1] - z0);
+      p[j][2] = ex2(sc4[j][2] - z1);
+      p[j][3] = ex2(sc4[j][3] - z1);
       s0 += p[j][0] + p[j][1];
       s1 += p[j][2] + p[j][3];
     }
