@@ -171,7 +171,7 @@ def _triton_ptxas(sm: int | None) -> tuple[str | None, str]:
 @cache
 def toolchain() -> dict[str, Any]:
     """nvcc and ptxas of the CUDA toolkit (the cache kernels' build), and Triton's ptxas."""
-    from nopebench.cache_kernels.build import find_nvcc
+    from nopebench.cuda_build import find_nvcc
 
     nvcc = find_nvcc()
     beside = [d / "ptxas" for d in (nvcc.parent, nvcc.resolve().parent)] if nvcc else []

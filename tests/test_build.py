@@ -4,6 +4,7 @@ compiler's message on failure, and the real compile-only build of all three targ
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import stat
 from pathlib import Path
@@ -11,12 +12,15 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from nopebench.cache_kernels import build as b
-from nopebench.cache_kernels.library import ABI_VERSION, declare
+from nopebench import cuda_build as b
+from nopebench.cache_kernels.library import ABI_VERSION, CACHE_LIBRARY, declare
 from nopebench.cli import app
 from nopebench.commands import build as command
 from nopebench.commands.options import BuildOptions
 from nopebench.errors import SystemFailedError, UnsupportedError, UsageError
+from nopebench.impls.native import register_library
+from nopebench.impls.native.constants import REG_INDEX_CAP
+from nopebench.impls.native.register_library import REGISTER_LIBRARY
 
 HAS_NVCC = b.find_nvcc() is not None
 needs_nvcc = pytest.mark.skipif(not HAS_NVCC, reason="nvcc not found")
@@ -54,9 +58,14 @@ def fake_tools(tmp_path: Path) -> tuple[b.Toolchain, Path, Path]:
     nvcc.chmod(nvcc.stat().st_mode | stat.S_IEXEC)
     src = tmp_path / "src"
     src.mkdir()
-    (src / b.LIBRARY_SOURCE).write_text("// kernel\n")
+    (src / CACHE_LIBRARY.source).write_text("// kernel\n")
     (src / "numerics.cuh").write_text("// header\n")
     return b.Toolchain(nvcc, "Cuda compilation tools, release 13.0 (fake)"), counter, src
+
+
+def at(src: Path, **changes) -> b.CudaLibrary:
+    """The cache library's description with its sources in `src` (and any other changes)."""
+    return dataclasses.replace(CACHE_LIBRARY, source_dir=src, **changes)
 
 
 def calls(counter: Path) -> int:
@@ -102,8 +111,10 @@ def test_find_nvcc_prefers_cuda_home(tmp_path, monkeypatch):
 
 
 def test_flags_never_use_fast_math():
-    flags = " ".join(b.NVCC_FLAGS)
-    assert "fast-math" not in flags and "-ftz=false" in flags and "-prec-div=true" in flags
+    for library in command.LIBRARIES:
+        flags = " ".join(library.all_flags)
+        assert "fast-math" not in flags and "-ftz=false" in flags and "-prec-div=true" in flags
+    assert "-fmad=false" in CACHE_LIBRARY.flags  # bit-exact with the reference
 
 
 # ---------------------------------------------------------------- the cache
@@ -111,8 +122,8 @@ def test_flags_never_use_fast_math():
 
 def test_second_build_does_not_call_nvcc(tmp_path, fake_tools):
     tools, counter, src = fake_tools
-    first = b.build_library("sm_90a", root=tmp_path / "root", source_dir=src, tools=tools)
-    second = b.build_library("sm_90a", root=tmp_path / "root", source_dir=src, tools=tools)
+    first = b.build_library("sm_90a", at(src), root=tmp_path / "root", tools=tools)
+    second = b.build_library("sm_90a", at(src), root=tmp_path / "root", tools=tools)
     assert calls(counter) == 1
     assert not first.cached and second.cached
     assert first.library == second.library and second.library.is_file()
@@ -121,29 +132,29 @@ def test_second_build_does_not_call_nvcc(tmp_path, fake_tools):
     ]  # no temp dirs left
 
 
-def test_changed_source_flags_target_or_force_rebuild(tmp_path, fake_tools, monkeypatch):
+def test_changed_source_flags_target_or_force_rebuild(tmp_path, fake_tools):
     tools, counter, src = fake_tools
     root = tmp_path / "root"
-    first = b.build_library("sm_90a", root=root, source_dir=src, tools=tools)
+    first = b.build_library("sm_90a", at(src), root=root, tools=tools)
     (src / "numerics.cuh").write_text("// header, changed\n")
-    second = b.build_library("sm_90a", root=root, source_dir=src, tools=tools)
+    second = b.build_library("sm_90a", at(src), root=root, tools=tools)
     assert calls(counter) == 2 and second.digest != first.digest
-    b.build_library("sm_120a", root=root, source_dir=src, tools=tools)
+    b.build_library("sm_120a", at(src), root=root, tools=tools)
     assert calls(counter) == 3
-    forced = b.build_library("sm_90a", root=root, source_dir=src, tools=tools, force=True)
+    forced = b.build_library("sm_90a", at(src), root=root, tools=tools, force=True)
     assert calls(counter) == 4 and not forced.cached and forced.digest == second.digest
-    monkeypatch.setattr(b, "NVCC_FLAGS", (*b.NVCC_FLAGS, "-DEXTRA"))
-    b.build_library("sm_90a", root=root, source_dir=src, tools=tools)
+    extra = at(src, flags=(*CACHE_LIBRARY.flags, "-DEXTRA"))
+    b.build_library("sm_90a", extra, root=root, tools=tools)
     assert calls(counter) == 5
     newer = b.Toolchain(tools.nvcc, tools.version_text + " update 1")
-    b.build_library("sm_90a", root=root, source_dir=src, tools=newer)
+    b.build_library("sm_90a", at(src), root=root, tools=newer)
     assert calls(counter) == 6
 
 
 def test_ptxas_resources_are_recorded(tmp_path, fake_tools):
     tools, _, src = fake_tools
-    built = b.build_library("sm_90a", root=tmp_path / "root", source_dir=src, tools=tools)
-    cached = b.build_library("sm_90a", root=tmp_path / "root", source_dir=src, tools=tools)
+    built = b.build_library("sm_90a", at(src), root=tmp_path / "root", tools=tools)
+    cached = b.build_library("sm_90a", at(src), root=tmp_path / "root", tools=tools)
     expected = (
         b.KernelResources("concat_and_cache_ds_mla_kernel<int64>", 32, 4, 4, 8),
         b.KernelResources("gather_upconvert_kernel", 40, 0, 0, 0),
@@ -154,9 +165,9 @@ def test_ptxas_resources_are_recorded(tmp_path, fake_tools):
 
 def test_incomplete_build_dir_is_not_trusted(tmp_path, fake_tools):
     tools, counter, src = fake_tools
-    first = b.build_library("sm_90a", root=tmp_path / "root", source_dir=src, tools=tools)
+    first = b.build_library("sm_90a", at(src), root=tmp_path / "root", tools=tools)
     (first.directory / b.BUILD_RECORD).unlink()
-    b.build_library("sm_90a", root=tmp_path / "root", source_dir=src, tools=tools)
+    b.build_library("sm_90a", at(src), root=tmp_path / "root", tools=tools)
     assert calls(counter) == 2
 
 
@@ -167,17 +178,17 @@ def test_incomplete_build_dir_is_not_trusted(tmp_path, fake_tools):
 def test_compiler_error_is_one_line_plus_the_full_log(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
-    (src / b.LIBRARY_SOURCE).write_text('extern "C" int f() { return undefined_name; }\n')
+    (src / CACHE_LIBRARY.source).write_text('extern "C" int f() { return undefined_name; }\n')
     with pytest.raises(b.BuildError) as info:
-        b.build_library("sm_90a", root=tmp_path / "root", source_dir=src)
+        b.build_library("sm_90a", at(src), root=tmp_path / "root")
     err = info.value
     assert (
         "\n" not in str(err)
-        and "nvcc failed for sm_90a" in str(err)
+        and "nvcc failed for the cache library, sm_90a" in str(err)
         and "undefined_name" in str(err)
     )
     assert "undefined_name" in err.log and err.log_path.is_file()
-    assert not list((tmp_path / "root").glob("sm_90a-*"))  # nothing cached for a failed build
+    assert not list((tmp_path / "root").glob("*sm_90a-*"))  # nothing cached for a failed build
 
 
 def test_build_command_prints_compiler_output_then_raises(monkeypatch, capsys):
@@ -237,20 +248,36 @@ def test_missing_nvcc_is_unsupported(monkeypatch):
 
 @needs_nvcc
 def test_compile_only_builds_three_loadable_libraries(capsys):
-    """What `make ci` runs: sm_90a, sm_100a and sm_120a, each a shared library whose embedded
-    device code is for its target and whose C ABI answers (no GPU needed to load it)."""
+    """What `make ci` runs: sm_90a, sm_100a and sm_120a, for each the cache library and the
+    register decode library, shared libraries whose embedded device code is for their target
+    and whose C ABI answers (no GPU needed to load them); both decode kernels spill-free."""
     assert command.execute(BuildOptions(arch=None, compile_only=True, force=False)) == 0
     table = capsys.readouterr().out
     assert (
         "native decode kernels (Gluon, sm_90)" in table
     )  # compiled within budget, or said why not
-    results = b.build_libraries(b.COMPILE_ONLY_TARGETS)  # cached now: no nvcc call
+    # cached now: no nvcc call
+    results = b.build_libraries(b.COMPILE_ONLY_TARGETS, command.LIBRARIES)
     assert all(r.cached for r in results)
+    assert [(r.name, r.target) for r in results] == [
+        (lib.name, t) for t in b.COMPILE_ONLY_TARGETS for lib in command.LIBRARIES
+    ]
     for r in results:
         assert r.target in table
         data = r.library.read_bytes()
         assert data[:4] == b"\x7fELF"
         assert f"-arch {r.target}".encode() in data
+        if r.name == REGISTER_LIBRARY.name:
+            lib = b.declare(ctypes.CDLL(os.fspath(r.library)), register_library.SIGNATURES)
+            assert lib.nopedecode_abi_version() == register_library.ABI_VERSION
+            assert lib.nopedecode_params_bytes() == ctypes.sizeof(register_library.Params)
+            assert lib.nopedecode_index_cap() == REG_INDEX_CAP
+            assert {k.kernel for k in r.resources} == {
+                "register_decode_qk512",
+                "register_decode_qk576",
+            }
+            assert all(k.spill_stores == 0 and k.stack_bytes == 0 for k in r.resources)
+            continue
         lib = declare(ctypes.CDLL(os.fspath(r.library)))
         assert lib.nopecache_abi_version() == ABI_VERSION
         assert {k.kernel for k in r.resources} == {
@@ -259,3 +286,21 @@ def test_compile_only_builds_three_loadable_libraries(capsys):
             "gather_upconvert_kernel",
         }
         assert all(k.spill_stores <= 8 for k in r.resources)  # a big spill would be a regression
+
+
+def test_register_library_is_not_built_below_sm89(tmp_path, fake_tools):
+    """Its e4m3x2 conversion needs SM89: an sm_80 build makes the cache library alone."""
+    tools, counter, src = fake_tools
+    libs = (
+        at(src),
+        dataclasses.replace(REGISTER_LIBRARY, source_dir=src, source=CACHE_LIBRARY.source),
+    )
+    assert REGISTER_LIBRARY.builds_for("sm_89") and REGISTER_LIBRARY.builds_for("sm_120a")
+    assert not REGISTER_LIBRARY.builds_for("sm_80")
+    results = b.build_libraries(("sm_80", "sm_90a"), libs, root=tmp_path / "root", tools=tools)
+    assert [(r.name, r.target) for r in results] == [
+        ("cache", "sm_80"),
+        ("cache", "sm_90a"),
+        ("decode", "sm_90a"),
+    ]
+    assert calls(counter) == 3

@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 import torch
 
+from nopebench import cuda_build as b
 from nopebench import geometry as g
 from nopebench import rowformat
-from nopebench.cache_kernels import build as b
 from nopebench.cache_kernels import ops
+from nopebench.cache_kernels.library import CACHE_LIBRARY
 from nopebench.checks import layout
 
 needs_nvcc = pytest.mark.skipif(b.find_nvcc() is None, reason="nvcc not found")
@@ -34,10 +35,10 @@ def numerics(tmp_path_factory) -> Path:
         "-O2",
         "-std=c++17",
         "-I",
-        str(b.SOURCE_DIR),
+        str(CACHE_LIBRARY.source_dir),
         "-o",
         str(out),
-        str(b.SOURCE_DIR / "numerics_check.cu"),
+        str(CACHE_LIBRARY.source_dir / "numerics_check.cu"),
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr

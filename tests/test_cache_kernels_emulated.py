@@ -13,9 +13,9 @@ from dataclasses import replace
 import pytest
 import torch
 
+from nopebench import cuda_build as b
 from nopebench.cache_kernels import boundary, ops
-from nopebench.cache_kernels import build as b
-from nopebench.cache_kernels.library import ABI_VERSION, declare
+from nopebench.cache_kernels.library import ABI_VERSION, CACHE_LIBRARY, declare
 from nopebench.checks import layout
 from nopebench.config import load_model_config
 
@@ -42,10 +42,10 @@ def emulated_lib(tmp_path_factory) -> ctypes.CDLL:
         "-I",
         str(CUDA_INCLUDE),
         "-I",
-        str(b.SOURCE_DIR),
+        str(CACHE_LIBRARY.source_dir),
         "-o",
         str(out),
-        str(b.SOURCE_DIR / "emulator.cpp"),
+        str(CACHE_LIBRARY.source_dir / "emulator.cpp"),
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr

@@ -226,7 +226,7 @@ def test_tool_record_runs_the_binary(tmp_path):
 
 
 def test_toolchain_records_nvcc_ptxas_and_tritons_ptxas(monkeypatch, tmp_path):
-    from nopebench.cache_kernels import build
+    from nopebench import cuda_build as build
 
     bin_dir = tmp_path / "cuda" / "bin"
     bin_dir.mkdir(parents=True)

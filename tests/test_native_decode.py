@@ -18,6 +18,7 @@ from nopebench.impls.native import build as hopper_build
 from nopebench.impls.native.adapter import use_hopper_wide, use_hopper_ws
 from nopebench.impls.native.constants import (
     HOPPER_SMEM,
+    REG_BLOCK_H,
     WIDE_BLOCK_H,
     WIDE_ROPE_SLOTS,
     WS_SPLIT_32_MIN_TOKENS,
@@ -28,10 +29,12 @@ from nopebench.impls.native.plans import (
     plan_hopper_wide,
     plan_hopper_ws,
     plan_launch,
+    plan_register,
     wide_q_reg_tiles,
     wide_smem_bytes,
     ws_smem_bytes,
 )
+from nopebench.impls.native.register_library import register_missing
 from nopebench.impls.reference import sparse_decode_reference
 
 SCALE = 0.0625
@@ -778,13 +781,22 @@ def gpu_plan(kernel: str, tokens: int, heads: int, width: int, rope: int):
     and each dequantizing helper rows (the planned form runs them as the scorer's left half,
     beside the producer alone, as for RoPE rows); hopper_ws_split32: the role split at 32
     heads per program, as Triton 3.6's plan runs it from 256 tokens), for the rows' QK width;
-    the Hopper ones are skipped off SM90."""
+    the Hopper ones are skipped off SM90; register: the CUDA C++ kernel, for whole 16-head
+    blocks, in as few splits as its staged index entries allow, skipped off SM89+ or without
+    nvcc)."""
     from nopebench.impls.native.adapter import hopper_available
     from nopebench.impls.native.plans import plan_hopper
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     if kernel == "triton":
         return plan_launch(tokens, heads, width, sms)
+    if kernel.startswith("register"):
+        if heads % REG_BLOCK_H:
+            pytest.skip("the register kernel takes whole 16-head blocks")
+        if (why := register_missing()) is not None:
+            pytest.skip(why)
+        splits = 3 if kernel == "register_split" else None
+        return plan_register(tokens, heads, width, rope=bool(rope), splits=splits)
     if not hopper_available(0):
         pytest.skip("the Hopper kernels need an SM90 GPU and Triton's Gluon")
     if kernel.startswith("hopper_wide"):
@@ -823,6 +835,8 @@ def gpu_plan(kernel: str, tokens: int, heads: int, width: int, rope: int):
         "hopper_wide_smem_q",
         "hopper_wide_helpers",
         "hopper_ws_split32",
+        "register",
+        "register_split",
     ],
 )
 @pytest.mark.parametrize("heads, tokens, width, rope, row_bytes", GPU_GRID)
@@ -864,7 +878,7 @@ def test_2cta_pairs_match_the_reference_on_gpu(heads, tokens, width, row_bytes):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "kernel", ["hopper_ws", "hopper_ws_one", "hopper_wide", "hopper_ws_split32"]
+    "kernel", ["hopper_ws", "hopper_ws_one", "hopper_wide", "hopper_ws_split32", "register"]
 )
 @pytest.mark.parametrize("heads, tokens", [(16, 1), (16, 64), (32, 64), (64, 8), (128, 64)])
 def test_shim_runs_the_rope_path_of_the_warp_specialised_kernels(heads, tokens, kernel):
@@ -901,7 +915,7 @@ def assert_matches_reference(got, q, cache, idx, rope: int) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["triton", "hopper", "hopper_ws", "hopper_wide"])
+@pytest.mark.parametrize("kernel", ["triton", "hopper", "hopper_ws", "hopper_wide", "register"])
 @pytest.mark.parametrize("scale_format", ["arbitrary_fp32", "pow2_fp32"])
 @pytest.mark.parametrize("magnitude", [1e-3, 1.0])
 def test_native_meets_the_rule_for_small_and_unit_latents(kernel, scale_format, magnitude):
@@ -940,7 +954,16 @@ TAIL_COUNTS = (0, 1, 700, 1023, 1024, 1025, 2048, 2049, 2051, 2111, 2112, 2113, 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "kernel", ["triton", "hopper", "hopper_ws", "hopper_wide", "hopper_ws_split32"]
+    "kernel",
+    [
+        "triton",
+        "hopper",
+        "hopper_ws",
+        "hopper_wide",
+        "hopper_ws_split32",
+        "register",
+        "register_split",
+    ],
 )
 @pytest.mark.parametrize("tokens", [8, 64])
 def test_native_handles_rows_that_end_in_minus_one_padding(kernel, tokens):
@@ -959,7 +982,8 @@ def test_native_handles_rows_that_end_in_minus_one_padding(kernel, tokens):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "kernel", ["triton", "hopper", "hopper_ws", "hopper_ws_one", "hopper_wide"]
+    "kernel",
+    ["triton", "hopper", "hopper_ws", "hopper_ws_one", "hopper_wide", "register", "register_split"],
 )
 def test_native_replays_in_a_cuda_graph(kernel):
     from nopebench.impls.native.adapter import DecodeBuffers, native_decode

@@ -34,6 +34,7 @@ from nopebench.impls.native.plans import (
     plan_hopper_wide,
     plan_hopper_ws,
     plan_launch,
+    plan_register,
     wide_q_reg_tiles,
 )
 from nopebench.impls.reference import sparse_decode_reference
@@ -227,6 +228,8 @@ def split_scan(heads: int, tokens: int, rope: bool) -> list[dict]:
 
 
 def build_plan(tokens: int, heads: int, v: dict, rope: bool = False) -> LaunchPlan:
+    if v.get("kernel") == "register":
+        return plan_register(tokens, heads, WIDTH, rope=rope, splits=v.get("splits"))
     if v.get("kernel") == "hopper_wide":
         return plan_hopper_wide(
             tokens,

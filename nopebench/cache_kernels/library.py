@@ -8,14 +8,26 @@ lacks the generated CUDA headers a torch extension would need).
 from __future__ import annotations
 
 import ctypes
-import threading
+from pathlib import Path
 
 import torch
 
-from nopebench.cache_kernels.build import build_library, target_for_capability
+from nopebench import cuda_build
+from nopebench.cuda_build import Binding, CudaLibrary, load
 from nopebench.errors import UnsupportedError
 
 ABI_VERSION = 2  # must equal kAbiVersion in cuda/cache_kernels.cuh
+
+# Never fast math: the kernels must be bit-exact with the reference, which needs an IEEE
+# divide, subnormals kept (no flush to zero) and no multiply-add contraction.
+CACHE_LIBRARY = CudaLibrary(
+    name="cache",
+    label="CUDA cache kernels",
+    source_dir=Path(__file__).resolve().parent / "cuda",
+    source="cache_kernels.cu",
+    filename="libnopecache.so",
+    flags=("-ftz=false", "-prec-div=true", "-prec-sqrt=true", "-fmad=false"),
+)
 
 _i32, _i64, _ptr = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
 SIGNATURES = {
@@ -34,45 +46,21 @@ SIGNATURES = {
         _i32,
     ),
 }
-
-_lock = threading.Lock()
-_loaded: dict[str, ctypes.CDLL] = {}
+BINDING = Binding(CACHE_LIBRARY, SIGNATURES, "nopecache_abi_version", ABI_VERSION)
 
 
 def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
-    """Give every exported function its C signature (ctypes would guess int otherwise)."""
-    for name, (args, result) in SIGNATURES.items():
-        fn = getattr(lib, name)
-        fn.argtypes = args
-        fn.restype = result
-    return lib
+    """The cache library's signatures on `lib` (a library loaded by hand, as the tests do)."""
+    return cuda_build.declare(lib, SIGNATURES)
 
 
 def load_library(device: torch.device) -> ctypes.CDLL:
     """The library built for `device`'s architecture, compiled once and then cached on disk."""
     if not torch.cuda.is_available():
         raise UnsupportedError("the CUDA cache kernels need a CUDA GPU; none is visible")
-    major, minor = torch.cuda.get_device_capability(device)
-    target = target_for_capability(major, minor)
-    with _lock:
-        if target not in _loaded:
-            from nopebench.console import err_console
+    from nopebench.console import err_console
 
-            result = build_library(target)
-            if not result.cached:
-                err_console.print(
-                    f"built the CUDA cache kernels for {target} in {result.seconds:.1f} s: "
-                    f"{result.library}"
-                )
-            lib = declare(ctypes.CDLL(str(result.library)))
-            version = lib.nopecache_abi_version()
-            if version != ABI_VERSION:
-                raise UnsupportedError(
-                    f"{result.library} has ABI {version}, expected {ABI_VERSION}: rebuild with "
-                    "`nopebench build --force`"
-                )
-            _loaded[target] = lib
-        return _loaded[target]
+    return load(BINDING, torch.cuda.get_device_capability(device), err_console.print)
 
 
 def check(lib: ctypes.CDLL, code: int, what: str) -> None:

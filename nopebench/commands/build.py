@@ -1,12 +1,15 @@
-"""`nopebench build`: compile the cache kernels, show what ptxas made of them, load them; with
---compile-only also the SM90 decode kernel (Triton, no GPU needed)."""
+"""`nopebench build`: compile the CUDA libraries (the cache kernels and the native register
+decode kernel), show what ptxas made of them, load them; with --compile-only also the SM90
+Gluon decode kernels (Triton, no GPU needed)."""
 
 from __future__ import annotations
 
 from rich.markup import escape
 
 from nopebench import console as out
-from nopebench.cache_kernels.build import (
+from nopebench.cache_kernels.library import CACHE_LIBRARY
+from nopebench.commands.options import BuildOptions
+from nopebench.cuda_build import (
     COMPILE_ONLY_TARGETS,
     DEFAULT_ROOT,
     BuildError,
@@ -15,8 +18,10 @@ from nopebench.cache_kernels.build import (
     parse_targets,
     target_for_capability,
 )
-from nopebench.commands.options import BuildOptions
 from nopebench.errors import EXIT_CHECK_FAILED, EXIT_OK, UnsupportedError
+from nopebench.impls.native.register_library import REGISTER_LIBRARY
+
+LIBRARIES = (CACHE_LIBRARY, REGISTER_LIBRARY)
 
 
 def execute(opts: BuildOptions, root=DEFAULT_ROOT) -> int:
@@ -35,9 +40,10 @@ def execute(opts: BuildOptions, root=DEFAULT_ROOT) -> int:
         )
     else:
         targets = (local,)
+    jobs = sum(lib.builds_for(t) for t in targets for lib in LIBRARIES)
     try:
-        with out.progress_bar("build", total=len(targets)) as advance:
-            results = build_libraries(targets, root=root, force=force, on_done=advance)
+        with out.progress_bar("build", total=jobs) as advance:
+            results = build_libraries(targets, LIBRARIES, root=root, force=force, on_done=advance)
     except BuildError as exc:
         out.err_console.print(escape(exc.log), highlight=False, soft_wrap=True)
         raise
@@ -46,8 +52,11 @@ def execute(opts: BuildOptions, root=DEFAULT_ROOT) -> int:
         import torch
 
         from nopebench.cache_kernels.library import load_library
+        from nopebench.impls.native import register_library
 
         load_library(torch.device("cuda"))
+        if REGISTER_LIBRARY.builds_for(local):
+            register_library.load_library(torch.device("cuda"))
         loaded = local
     print_builds(results, loaded)
     if compile_only:
@@ -99,7 +108,8 @@ def _local_target() -> str | None:
 
 
 def print_builds(results: list[BuildResult], loaded: str | None) -> None:
-    """One row per (target, kernel): registers and spills decide occupancy and speed."""
+    """One row per (library, target, kernel): registers and spills decide occupancy and speed.
+    A library whose instructions a target lacks is not built for it, and says so."""
     rows = []
     for r in results:
         status = ("cached" if r.cached else "built") + (", loaded" if r.target == loaded else "")
@@ -107,6 +117,7 @@ def print_builds(results: list[BuildResult], loaded: str | None) -> None:
             kernel = k.kernel.replace("_kernel", "")
             rows.append(
                 (
+                    r.name,
                     r.target,
                     status,
                     r.seconds,
@@ -116,7 +127,24 @@ def print_builds(results: list[BuildResult], loaded: str | None) -> None:
                     k.stack_bytes,
                 )
             )
-    columns = ["target", "result", "compile s", "kernel", "regs", "spill B st/ld", "stack B"]
-    out.console.print(out.table("nopebench build: CUDA cache kernels", columns, rows))
+    columns = [
+        "library",
+        "target",
+        "result",
+        "compile s",
+        "kernel",
+        "regs",
+        "spill B st/ld",
+        "stack B",
+    ]
+    out.console.print(out.table("nopebench build: CUDA libraries", columns, rows))
     for r in results:
-        out.console.print(f"{r.target}: {r.library}", highlight=False, soft_wrap=True)
+        out.console.print(f"{r.name} {r.target}: {r.library}", highlight=False, soft_wrap=True)
+    built = {(r.name, r.target) for r in results}
+    for lib in LIBRARIES:
+        for target in sorted({r.target for r in results}):
+            if (lib.name, target) not in built:
+                out.console.print(
+                    f"{lib.name} {target}: not built (needs sm_{lib.min_sm} or newer)",
+                    highlight=False,
+                )

@@ -54,7 +54,7 @@ def _no_gpu() -> str | None:
 def _no_gpu_or_nvcc() -> str | None:
     if _no_gpu():
         return _no_gpu()
-    from nopebench.cache_kernels.build import find_nvcc
+    from nopebench.cuda_build import find_nvcc
 
     return None if find_nvcc() else "no nvcc found (set CUDA_HOME or put nvcc on PATH)"
 

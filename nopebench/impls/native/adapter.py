@@ -179,7 +179,14 @@ def native_decode(
         part_lse.stride(-2),
         stride_ls,
     )
-    if plan.kernel == "hopper":
+    if plan.kernel == "register":
+        from nopebench.impls.native import register_library
+
+        target = (out, lse) if plan.splits == 1 else (part, part_lse)
+        register_library.launch(
+            q, cache, indices, softmax_scale, rope_dim, plan.splits, plan.entries_per_split, target
+        )
+    elif plan.kernel == "hopper":
         from nopebench.impls.native import hopper_decode
 
         hopper_decode.hopper_decode_kernel[grid](

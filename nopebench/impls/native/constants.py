@@ -84,3 +84,10 @@ WIDE_PV_SPLIT_MIN_BLOCKS = 8
 # (`cluster`), in WIDE_PAIR_SLOTS ring slots: on the H200 2-4% faster than unpaired programs
 # with helpers at 64-512 tokens, three slots 2-5% slower than two.
 WIDE_PAIR_SLOTS = 2
+
+# The register kernel (cuda/register_decode.cu, CUDA C++): 16 heads a CTA, 4 warps, one a scale
+# tile, the dequantized rows kept in registers as mma.sync fragments.
+REG_BLOCK_H = 16  # the mma's M
+REG_BLOCK_N = 32  # keys a block
+REG_INDEX_CAP = 2208  # index entries a split stages in shared memory (kIndexCap in the source)
+REG_CTAS_PER_SM = 2  # 255 registers a thread, spill-free

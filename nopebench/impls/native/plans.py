@@ -1,8 +1,8 @@
 """Launch plans of the native decode kernels: pure functions of the shape and the GPU's SM
 count (and, for one register choice of the 64-head kernel, the Triton version), tested on CPU.
 `plan_launch` (portable Triton), `plan_hopper` (single-role SM90), `plan_hopper_ws`
-(warp-specialised) and `plan_hopper_wide` (64 heads); the measurements behind each heuristic are
-under results/reference/decode-tuning/.
+(warp-specialised), `plan_hopper_wide` (64 heads) and `plan_register` (the CUDA C++ register
+kernel); the measurements behind each heuristic are under results/reference/decode-tuning/.
 """
 
 from __future__ import annotations
@@ -14,6 +14,9 @@ from nopebench import environment
 from nopebench.impls.native.constants import (
     DEFAULT_SMS,
     HOPPER_SMEM,
+    REG_BLOCK_H,
+    REG_BLOCK_N,
+    REG_INDEX_CAP,
     RING_ROPE_BYTES,
     RING_ROW_BYTES,
     WIDE_BLOCK_H,
@@ -49,9 +52,9 @@ class LaunchPlan:
     num_stages: int = 1
     prefetch: bool = True
     factored: bool = False
-    kernel: str = (
-        "triton"  # "triton": portable SM80+; "hopper", "hopper_ws", "hopper_wide": SM90 Gluon
-    )
+    # "triton": portable SM80+; "hopper", "hopper_ws", "hopper_wide": SM90 Gluon; "register":
+    # CUDA C++, 16 heads a CTA
+    kernel: str = "triton"
     role_split: bool = (
         False  # hopper_ws: separate scorer and accumulator warpgroups, persistent grid
     )
@@ -457,4 +460,39 @@ def plan_hopper_wide(
         pv_split=pv_split,
         helpers=helpers,
         pair=pair,
+    )
+
+
+def plan_register(
+    tokens: int,
+    heads: int,
+    width: int,
+    sms: int = DEFAULT_SMS,
+    rope: bool = False,
+    splits: int | None = None,
+) -> LaunchPlan:
+    """Launch shape for the register kernel: one CTA per (token, head block of 16, split),
+    REG_CTAS_PER_SM an SM. A split stages its index entries in shared memory, so a width of more
+    than REG_INDEX_CAP entries takes several; by default no more than that (the kernel is
+    planned where the tokens alone fill the SMs, `register_fills`)."""
+    if heads % REG_BLOCK_H:
+        raise ValueError(f"the register kernel takes heads in blocks of {REG_BLOCK_H}, not {heads}")
+    fewest = -(-width // REG_INDEX_CAP)
+    splits = max(fewest, splits or fewest)
+    blocks = -(-width // REG_BLOCK_N)
+    per_split = -(-blocks // splits) * REG_BLOCK_N
+    splits = -(-width // per_split)  # no empty splits
+    if per_split > REG_INDEX_CAP:
+        raise ValueError(f"a split of the register kernel takes at most {REG_INDEX_CAP} entries")
+    return LaunchPlan(
+        REG_BLOCK_H,
+        heads // REG_BLOCK_H,
+        REG_BLOCK_N,
+        splits,
+        per_split,
+        num_warps=4,
+        num_stages=4,
+        prefetch=False,
+        kernel="register",
+        rope=rope,
     )

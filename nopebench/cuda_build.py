@@ -1,18 +1,22 @@
-"""Compile the CUDA sources in cache_kernels/cuda/ into a plain shared library, cached by
-what decides the binary.
+"""Compile a CUDA source of the package into a plain shared library, cached by what decides
+the binary.
 
 A plain library (extern "C" launchers, no torch headers) is the binding that compiles on the
-CPU-only CI machines (nvcc is all it needs). The sources ship inside the package. One library
-per target architecture lives in `build/kernels/<target>-<hash>/` of a source checkout (or,
-for an installed package, under the user's cache directory), where the hash covers the
-sources (by file name and content), the flags, the nvcc
-version and the target: an unchanged tree never calls nvcc again, and a changed one never
-loads a stale binary. Each directory is built under a temporary name and renamed into place,
-so an interrupted or concurrent build never leaves a half-written library behind.
+CPU-only CI machines (nvcc is all it needs). Two libraries are built this way, each described
+by a `CudaLibrary`: the cache kernels (`cache_kernels.library.CACHE_LIBRARY`) and the native
+register decode kernel (`impls.native.register_library.REGISTER_LIBRARY`). Their sources ship
+inside the package. One library per target architecture lives in
+`build/kernels/<name>-<target>-<hash>/` of a source checkout (or, for an installed package,
+under the user's cache directory), where the hash covers the sources (by file name and
+content), the flags, the nvcc version and the target: an unchanged tree never calls nvcc again,
+and a changed one never loads a stale binary. Each directory is built under a temporary name
+and renamed into place, so an interrupted or concurrent build never leaves a half-written
+library behind.
 """
 
 from __future__ import annotations
 
+import ctypes
 import datetime as dt
 import hashlib
 import json
@@ -21,18 +25,17 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from nopebench.config import REPO_ROOT
 from nopebench.errors import SystemFailedError, UnsupportedError, UsageError
-
-SOURCE_DIR = Path(__file__).resolve().parent / "cuda"
-LIBRARY_SOURCE = "cache_kernels.cu"
 
 
 def _default_root() -> Path:
@@ -45,28 +48,34 @@ def _default_root() -> Path:
 
 
 DEFAULT_ROOT = _default_root()
-LIBRARY_NAME = "libnopecache.so"
 BUILD_RECORD = "build.json"
 COMPILE_ONLY_TARGETS = ("sm_90a", "sm_100a", "sm_120a")
-# Never fast math: the kernels must be bit-exact with the reference, which needs an IEEE
-# divide, subnormals kept (no flush to zero) and no multiply-add contraction.
-NVCC_FLAGS = (
-    "-O3",
-    "-std=c++17",
-    "-shared",
-    "-Xcompiler",
-    "-fPIC",
-    "-ftz=false",
-    "-prec-div=true",
-    "-prec-sqrt=true",
-    "-fmad=false",
-    "-lineinfo",
-    "-Xptxas",
-    "-v",
-)
+# Every library: a shared object, C++17, optimized, with line info and ptxas's resource lines.
+BASE_FLAGS = ("-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-lineinfo", "-Xptxas", "-v")
 TARGET_RE = re.compile(r"^sm_(\d{2,3})([af]?)$")
 # Capabilities whose architecture-specific ("a") target the kernels are built for.
 ARCH_SPECIFIC = {(9, 0): "sm_90a", (10, 0): "sm_100a", (12, 0): "sm_120a"}
+
+
+@dataclass(frozen=True)
+class CudaLibrary:
+    """One shared library: its translation unit (and the headers beside it), its flags and the
+    oldest architecture its instructions exist on."""
+
+    name: str  # short name: build directories and messages
+    label: str  # what it holds, for tables
+    source_dir: Path
+    source: str  # the translation unit in source_dir
+    filename: str  # the library file
+    flags: tuple[str, ...]  # nvcc flags beyond BASE_FLAGS
+    min_sm: int = 0  # targets below sm_<min_sm> are not built
+
+    @property
+    def all_flags(self) -> tuple[str, ...]:
+        return (*BASE_FLAGS, *self.flags)
+
+    def builds_for(self, target: str) -> bool:
+        return target_number(target) >= self.min_sm
 
 
 class BuildError(SystemFailedError):
@@ -103,6 +112,7 @@ class KernelResources:
 
 @dataclass(frozen=True)
 class BuildResult:
+    name: str  # the CudaLibrary's
     target: str
     library: Path
     digest: str
@@ -194,6 +204,14 @@ def parse_targets(arch: str) -> tuple[str, ...]:
     return tuple(targets)
 
 
+def target_number(target: str) -> int:
+    """'sm_90a' -> 90, 'sm_120a' -> 120."""
+    m = TARGET_RE.match(target)
+    if not m:
+        raise UsageError(f"not a build target: {target!r}")
+    return int(m.group(1))
+
+
 def gencode(target: str) -> tuple[str, ...]:
     m = TARGET_RE.match(target)
     if not m:
@@ -205,12 +223,12 @@ def gencode(target: str) -> tuple[str, ...]:
 # ---------------------------------------------------------------- the cache key
 
 
-def source_files(source_dir: Path = SOURCE_DIR) -> list[Path]:
+def source_files(library: CudaLibrary) -> list[Path]:
     """The library's translation unit and every header beside it (all can change the binary)."""
-    main = source_dir / LIBRARY_SOURCE
+    main = library.source_dir / library.source
     if not main.is_file():
         raise UsageError(f"{main}: kernel source not found")
-    return [main, *sorted(source_dir.glob("*.cuh"))]
+    return [main, *sorted(library.source_dir.glob("*.cuh"))]
 
 
 def build_digest(
@@ -232,37 +250,43 @@ def build_digest(
 
 def build_library(
     target: str,
+    library: CudaLibrary,
     *,
     root: Path = DEFAULT_ROOT,
-    source_dir: Path = SOURCE_DIR,
     force: bool = False,
     tools: Toolchain | None = None,
 ) -> BuildResult:
-    """The library for `target`: from the cache when its hash matches, else compiled now."""
+    """`library` for `target`: from the cache when its hash matches, else compiled now."""
     tools = tools or toolchain()
-    sources = source_files(source_dir)
-    flags = (*NVCC_FLAGS, *gencode(target))
+    sources = source_files(library)
+    flags = (*library.all_flags, *gencode(target))
     digest = build_digest(sources, flags, tools.version_text, target)
-    final = Path(root) / f"{target}-{digest[:16]}"
+    final = Path(root) / f"{library.name}-{target}-{digest[:16]}"
     if not force:
-        cached = _read_record(final)
+        cached = _read_record(final, library)
         if cached is not None:
             return cached
     Path(root).mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{target}-", dir=root))
+    work = Path(tempfile.mkdtemp(prefix=f".{library.name}-{target}-", dir=root))
     try:
-        result = _compile(target, digest, flags, sources, source_dir, tools, work, final)
-        if final.exists() and (force or _read_record(final) is None):
+        result = _compile(target, library, digest, flags, sources, tools, work, final)
+        if final.exists() and (force or _read_record(final, library) is None):
             shutil.rmtree(final)  # replaced on --force, or an incomplete directory
         try:
             os.replace(work, final)
         except OSError:  # a concurrent build of the same hash finished first: use it
-            cached = _read_record(final)
+            cached = _read_record(final, library)
             if cached is None:
                 raise
             return cached
         return BuildResult(
-            target, final / LIBRARY_NAME, digest, False, result.seconds, result.resources
+            library.name,
+            target,
+            final / library.filename,
+            digest,
+            False,
+            result.seconds,
+            result.resources,
         )
     finally:
         if work.exists():
@@ -271,32 +295,34 @@ def build_library(
 
 def build_libraries(
     targets: Sequence[str],
+    libraries: Sequence[CudaLibrary],
     *,
     root: Path = DEFAULT_ROOT,
-    source_dir: Path = SOURCE_DIR,
     force: bool = False,
     on_done: Callable[[str], None] | None = None,
+    tools: Toolchain | None = None,
 ) -> list[BuildResult]:
-    """Build several targets in parallel (nvcc is single-threaded); results in target order."""
-    tools = toolchain()
+    """Build every library for every target it builds for, in parallel (nvcc is
+    single-threaded); results in (target, library) order."""
+    tools = tools or toolchain()
+    jobs = [(t, lib) for t in targets for lib in libraries if lib.builds_for(t)]
 
-    def one(target: str) -> BuildResult:
-        result = build_library(target, root=root, source_dir=source_dir, force=force, tools=tools)
+    def one(job: tuple[str, CudaLibrary]) -> BuildResult:
+        result = build_library(job[0], job[1], root=root, force=force, tools=tools)
         if on_done:
-            on_done(target)
+            on_done(f"{job[1].name} {job[0]}")
         return result
 
-    with ThreadPoolExecutor(max_workers=max(1, len(targets))) as pool:
-        futures = [pool.submit(one, t) for t in targets]
-        return [f.result() for f in futures]
+    with ThreadPoolExecutor(max_workers=max(1, len(jobs))) as pool:
+        return list(pool.map(one, jobs))
 
 
 def _compile(
     target: str,
+    library: CudaLibrary,
     digest: str,
     flags: Sequence[str],
     sources: Sequence[Path],
-    source_dir: Path,
     tools: Toolchain,
     work: Path,
     final: Path,
@@ -305,35 +331,38 @@ def _compile(
         str(tools.nvcc),
         *flags,
         "-I",
-        str(source_dir),
+        str(library.source_dir),
         "-o",
-        str(work / LIBRARY_NAME),
-        str(source_dir / LIBRARY_SOURCE),
+        str(work / library.filename),
+        str(library.source_dir / library.source),
     ]
     start = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     except subprocess.TimeoutExpired as exc:
         raise BuildError(
-            f"nvcc for {target} did not finish in {exc.timeout:.0f} s", "", None
+            f"nvcc for the {library.name} library, {target}, did not finish in {exc.timeout:.0f} s",
+            "",
+            None,
         ) from None
     seconds = time.perf_counter() - start
     log = (proc.stdout + proc.stderr).strip()
     if proc.returncode != 0:
-        log_path = Path(final.parent) / f"failed-{target}.log"
+        log_path = Path(final.parent) / f"failed-{library.name}-{target}.log"
         log_path.write_text(f"$ {' '.join(cmd)}\n{log}\n", encoding="utf-8")
         raise BuildError(
-            f"nvcc failed for {target} (exit {proc.returncode}): {first_error(log)} (full log: "
-            f"{log_path})",
+            f"nvcc failed for the {library.name} library, {target} (exit {proc.returncode}): "
+            f"{first_error(log)} (full log: {log_path})",
             log,
             log_path,
         )
     resources = parse_ptxas(log)
     (work / "nvcc.log").write_text(f"$ {' '.join(cmd)}\n{log}\n", encoding="utf-8")
     record = {
+        "name": library.name,
         "target": target,
         "digest": digest,
-        "library": LIBRARY_NAME,
+        "library": library.filename,
         "seconds": seconds,
         "nvcc": str(tools.nvcc),
         "nvcc_release": tools.release,
@@ -343,20 +372,28 @@ def _compile(
         "built_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
     (work / BUILD_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    return BuildResult(target, work / LIBRARY_NAME, digest, False, seconds, resources)
+    return BuildResult(
+        library.name, target, work / library.filename, digest, False, seconds, resources
+    )
 
 
-def _read_record(directory: Path) -> BuildResult | None:
+def _read_record(directory: Path, library: CudaLibrary) -> BuildResult | None:
     """A finished build in `directory`, or None when there is none (or it is incomplete)."""
     record_path = directory / BUILD_RECORD
-    library = directory / LIBRARY_NAME
-    if not (record_path.is_file() and library.is_file()):
+    path = directory / library.filename
+    if not (record_path.is_file() and path.is_file()):
         return None
     try:
         record = json.loads(record_path.read_text(encoding="utf-8"))
         resources = tuple(KernelResources(**r) for r in record["resources"])
         return BuildResult(
-            record["target"], library, record["digest"], True, float(record["seconds"]), resources
+            library.name,
+            record["target"],
+            path,
+            record["digest"],
+            True,
+            float(record["seconds"]),
+            resources,
         )
     except (ValueError, KeyError, TypeError):
         return None
@@ -411,3 +448,64 @@ def kernel_label(mangled: str) -> str:
     if rest.startswith("I") and len(rest) > 1:
         return f"{name}<{_INDEX_TYPES.get(rest[1], rest[1])}>"
     return name
+
+
+# ---------------------------------------------------------------- loading
+
+_load_lock = threading.Lock()
+_loaded: dict[tuple[str, str], ctypes.CDLL] = {}
+
+
+@dataclass(frozen=True)
+class Binding:
+    """What the Python side expects of a library: every exported function's C signature, and
+    the ABI version its `abi_symbol` must answer (bumped whenever a signature or struct
+    changes)."""
+
+    library: CudaLibrary
+    signatures: Mapping[str, tuple[list, Any]]
+    abi_symbol: str
+    abi_version: int
+
+
+def declare(lib: ctypes.CDLL, signatures: Mapping[str, tuple[list, Any]]) -> ctypes.CDLL:
+    """Give every exported function its C signature (ctypes would guess int otherwise)."""
+    for name, (args, restype) in signatures.items():
+        fn = getattr(lib, name)
+        fn.argtypes = args
+        fn.restype = restype
+    return lib
+
+
+def load(
+    binding: Binding,
+    capability: tuple[int, int],
+    on_built: Callable[[str], None] | None = None,
+) -> ctypes.CDLL:
+    """`binding`'s library for a GPU of this capability: built on first use (then cached on
+    disk), loaded once a process, its signatures declared and its ABI version checked.
+    `on_built` hears one line when nvcc ran."""
+    library = binding.library
+    target = target_for_capability(*capability)
+    if not library.builds_for(target):
+        raise UnsupportedError(
+            f"the {library.label} need sm_{library.min_sm} or newer, not {target}"
+        )
+    with _load_lock:
+        key = (library.name, target)
+        if key not in _loaded:
+            result = build_library(target, library)
+            if not result.cached and on_built is not None:
+                on_built(
+                    f"built the {library.label} for {target} in {result.seconds:.1f} s: "
+                    f"{result.library}"
+                )
+            lib = declare(ctypes.CDLL(str(result.library)), binding.signatures)
+            version = getattr(lib, binding.abi_symbol)()
+            if version != binding.abi_version:
+                raise UnsupportedError(
+                    f"{result.library} has ABI {version}, expected {binding.abi_version}: "
+                    "rebuild with `nopebench build --force`"
+                )
+            _loaded[key] = lib
+        return _loaded[key]
