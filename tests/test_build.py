@@ -304,3 +304,52 @@ def test_register_library_is_not_built_below_sm89(tmp_path, fake_tools):
         ("decode", "sm_90a"),
     ]
     assert calls(counter) == 3
+
+
+@needs_nvcc
+def test_register_library_refuses_what_its_kernel_cannot_take_before_any_cuda_call():
+    """The launcher's own argument checks, run on the CPU (they return before any CUDA call):
+    cudaErrorInvalidValue for every shape the kernel cannot take, 0 for an empty launch."""
+    built = b.build_library("sm_90a", REGISTER_LIBRARY)
+    lib = b.declare(ctypes.CDLL(os.fspath(built.library)), register_library.SIGNATURES)
+    good = dict(
+        q=16,
+        q_stride_t=16 * 512,
+        q_stride_h=512,
+        cache=16,
+        indices=16,
+        idx_stride_t=2176,
+        out=16,
+        lse=16,
+        part=0,
+        part_lse=0,
+        scale_log2=0.09,
+        row_bytes=528,
+        tokens=0,
+        heads=16,
+        width=2176,
+        per_split=2176,
+        splits=1,
+    )
+
+    def code(rope: int = 0, **change) -> int:
+        params = register_library.Params(**{**good, **change})
+        return lib.nopedecode_register_decode(ctypes.byref(params), rope, None)
+
+    assert code() == 0 and code(rope=1, row_bytes=656) == 0 and code(row_bytes=656) == 0
+    invalid = 1  # cudaErrorInvalidValue
+    assert lib.nopedecode_error_string(invalid) == b"invalid argument"
+    for change in (
+        dict(heads=20),  # not whole 16-head blocks
+        dict(per_split=2200),  # not whole 32-key blocks
+        dict(per_split=REG_INDEX_CAP + 32, width=REG_INDEX_CAP + 32),  # more than it stages
+        dict(per_split=1088),  # two splits' worth in one
+        dict(splits=2),  # an empty split
+        dict(row_bytes=600),
+        dict(q_stride_h=514),  # q rows not 8-byte aligned
+        dict(q=18),
+        dict(cache=8),  # rows not 16-byte aligned
+        dict(width=0),
+    ):
+        assert code(**change) == invalid, change
+    assert code(rope=1) == invalid  # RoPE lanes need 656-byte rows

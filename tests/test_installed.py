@@ -74,6 +74,8 @@ def test_a_wheel_installed_elsewhere_works_from_any_directory(tmp_path):
     assert pip.returncode == 0, pip.stderr
     assert (target / "nopebench" / "configs" / "models" / "glm53-flash.yaml").is_file()
     assert (target / "nopebench" / "cache_kernels" / "cuda" / "cache_kernels.cu").is_file()
+    native = target / "nopebench" / "impls" / "native"
+    assert (native / "cuda" / "register_decode.cu").is_file()
     work = tmp_path / "work"
     work.mkdir()
     env = {**os.environ, "PYTHONPATH": str(target)}

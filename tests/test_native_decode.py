@@ -19,6 +19,7 @@ from nopebench.impls.native.adapter import use_hopper_wide, use_hopper_ws
 from nopebench.impls.native.constants import (
     HOPPER_SMEM,
     REG_BLOCK_H,
+    REG_INDEX_CAP,
     WIDE_BLOCK_H,
     WIDE_ROPE_SLOTS,
     WS_SPLIT_32_MIN_TOKENS,
@@ -30,6 +31,7 @@ from nopebench.impls.native.plans import (
     plan_hopper_ws,
     plan_launch,
     plan_register,
+    register_fills,
     wide_q_reg_tiles,
     wide_smem_bytes,
     ws_smem_bytes,
@@ -53,11 +55,20 @@ SCALE = 0.0625
         "hopper-ws-rope",
         "hopper-wide",
         "hopper-wide-rope",
+        "register",
+        "register-rope",
     ],
 )
 def test_plan_covers_every_entry_and_head_exactly_once(heads, tokens, width, planner):
     rope = planner.endswith("-rope")
-    if planner == "triton":
+    if planner.startswith("register"):
+        if heads % REG_BLOCK_H:
+            with pytest.raises(ValueError, match="blocks of 16"):
+                plan_register(tokens, heads, width, rope=rope)
+            return
+        plan = plan_register(tokens, heads, width, rope=rope)
+        assert plan.block_h == REG_BLOCK_H and plan.entries_per_split <= REG_INDEX_CAP
+    elif planner == "triton":
         plan = plan_launch(tokens, heads, width, sms=132)
     elif planner.startswith("hopper-wide"):
         plan = plan_hopper_wide(tokens, heads, width, sms=132, rope=rope)
@@ -126,6 +137,80 @@ def test_splits_keep_the_programs_within_one_wave():
                 assert tokens * plan.programs <= 132 or plan.splits == 1, (tokens, heads, plan)
 
 
+def test_register_kernel_is_planned_where_its_ctas_fill_their_waves():
+    """16 heads, one split, the last wave of 2 CTAs an SM at least three quarters full: the H200
+    sweep (results/reference/decode-tuning/register/) had it faster at 200-264, 400-528, 700
+    and 1024 tokens, NoPE slower at 128, 300, 350 and 360."""
+    for tokens in (200, 212, 256, 264, 400, 512, 528, 700, 1024):
+        assert register_fills(tokens, 16, 2176, 132) and register_fills(tokens, 16, 2048, 132)
+    for tokens in (0, 1, 8, 64, 128, 300, 350, 360, 550):
+        assert not register_fills(tokens, 16, 2176, 132)
+    assert not register_fills(512, 32, 2176, 132) and not register_fills(512, 8, 2176, 132)
+    assert not register_fills(512, 16, REG_INDEX_CAP + 1, 132)  # two splits: not measured
+    assert register_fills(396, 16, 2176, 132) and not register_fills(395, 16, 2176, 132)
+    plan = plan_register(512, 16, 2176)
+    assert (plan.kernel, plan.splits, plan.entries_per_split, plan.head_blocks) == (
+        "register",
+        1,
+        2176,
+        1,
+    )
+    wide = plan_register(8, 32, 5000, splits=2)  # more entries than one split stages: three
+    assert (wide.splits, wide.head_blocks) == (3, 2) and wide.entries_per_split <= REG_INDEX_CAP
+
+
+def _h200(monkeypatch, register: bool):
+    """choose_plan as on an H200 (132 SMs, SM90), the register kernel available or not."""
+    from types import SimpleNamespace
+
+    from nopebench.impls.native import adapter
+
+    monkeypatch.setattr(adapter, "hopper_available", lambda device: True)
+    monkeypatch.setattr(adapter, "register_available", lambda device: register)
+    monkeypatch.setattr(
+        adapter.torch.cuda,
+        "get_device_properties",
+        lambda device: SimpleNamespace(multi_processor_count=132),
+    )
+    return adapter
+
+
+def test_register_kernel_takes_its_shapes_for_nope_and_shim_or_leaves_them(monkeypatch):
+    adapter = _h200(monkeypatch, register=True)
+    for rope in (0, 64):
+        plan = adapter.choose_plan(512, 16, 2176, rope, "cuda")
+        assert (plan.kernel, plan.rope) == ("register", bool(rope))
+        assert adapter.choose_plan(128, 16, 2176, rope, "cuda").kernel == "hopper_ws"
+        assert adapter.choose_plan(512, 32, 2176, rope, "cuda").kernel == "hopper_ws"
+    adapter = _h200(monkeypatch, register=False)  # no nvcc: the Gluon kernel's plan
+    assert adapter.choose_plan(512, 16, 2176, 0, "cuda").kernel == "hopper_ws"
+
+
+def test_register_kernel_unavailable_is_said_once(monkeypatch, capsys):
+    from nopebench.impls.native import adapter, register_library
+
+    monkeypatch.setattr(register_library, "register_missing", lambda device: "nvcc not found")
+    monkeypatch.setattr(adapter.torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(adapter, "_REGISTER_WARNED", set())
+    assert not adapter.register_available("cuda") and not adapter.register_available("cuda:0")
+    err = capsys.readouterr().err
+    assert err.count("nvcc not found") == 1 and "Gluon kernels run its shapes" in err
+
+
+def test_register_operands_the_kernel_cannot_take_are_one_line_errors():
+    from nopebench.impls.native.register_library import check_operands
+
+    q, cache, _ = decode_inputs(16, 2, 64, 0, 528, "cpu")
+    check_operands(q, cache, 16)  # a strided q (head stride 576) is fine
+    with pytest.raises(ValueError, match="blocks of 16"):
+        check_operands(q[:, :8], cache, 8)
+    odd = torch.zeros(2, 16, 514, dtype=torch.bfloat16)[..., :512]
+    with pytest.raises(ValueError, match="8-byte aligned"):
+        check_operands(odd, cache, 16)
+    with pytest.raises(ValueError, match="contiguous, 16-byte aligned cache"):
+        check_operands(q, cache[:, ::2], 16)
+
+
 def test_warp_specialised_kernel_is_chosen_where_it_was_measured_faster():
     """NoPE with at most 16 heads, or at most 32 heads and 8 tokens or more (H200,
     results/reference/decode-tuning/hopper-ws/tune-ws-split.csv, as planned: 16 heads 0.293 vs
@@ -156,20 +241,15 @@ def test_64_head_kernel_is_chosen_where_the_single_role_plan_takes_64_heads():
 
 @pytest.mark.parametrize("heads", [1, 16, 20, 32, 64, 100, 128])
 @pytest.mark.parametrize("tokens", [1, 8, 64, 512])
-def test_nope_and_the_shim_run_in_the_same_kernel_at_every_shape(monkeypatch, heads, tokens):
+@pytest.mark.parametrize("register", [True, False])
+def test_nope_and_the_shim_run_in_the_same_kernel_at_every_shape(
+    monkeypatch, heads, tokens, register
+):
     """The SM90 kernel is chosen by the shape alone, so a NoPE-against-shim ratio compares the
     rows and nothing else; each plan is made for its rows' QK width (shared memory). Recorded
-    on CPU with the device queries stood in for an H200's."""
-    from types import SimpleNamespace
-
-    from nopebench.impls.native import adapter
-
-    monkeypatch.setattr(adapter, "hopper_available", lambda device: True)
-    monkeypatch.setattr(
-        adapter.torch.cuda,
-        "get_device_properties",
-        lambda device: SimpleNamespace(multi_processor_count=132),
-    )
+    on CPU with the device queries stood in for an H200's, with and without the register
+    kernel."""
+    adapter = _h200(monkeypatch, register)
     nope = adapter.choose_plan(tokens, heads, 2176, 0, "cuda")
     shim = adapter.choose_plan(tokens, heads, 2176, 64, "cuda")
     assert shim.kernel == nope.kernel and (nope.rope, shim.rope) == (False, True)

@@ -117,6 +117,9 @@ def hopper_variants(
             dict(kernel="hopper", splits=34),
             dict(kernel="hopper", block_n=128, stages=1, block_h=16),
         ]
+    if heads % 16 == 0 and heads <= 32:
+        # The CUDA C++ register kernel: 16 heads a CTA, as few splits as its staged index allows.
+        cands += [dict(kernel="register")]
     if heads <= 32 or tokens < 64:
         # The warp-specialised kernel: its plan, one consumer instead of the role split, other
         # ring depths, 16 heads per program.

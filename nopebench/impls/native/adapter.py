@@ -1,12 +1,14 @@
 """The `native` registry entry: choose a kernel and launch plan, allocate, launch.
 
-Four kernels with one contract (`sparse_decode_reference`'s): on SM90 (Gluon, wgmma, cp.async)
-`hopper_ws_decode` (warp-specialised, up to 32 heads per program), `hopper_wide_decode`
-(warp-specialised, 64 heads per program, the output split across two warpgroups) and
-`hopper_decode` (every other shape); elsewhere `triton_decode` (portable Triton: any SM80+ GPU,
-and Triton's CPU interpreter). Every kernel reads both 512-wide NoPE and 576-wide RoPE (or
-zero-padded shim) queries, and on SM90 the kernel is chosen by the shape alone, so NoPE and the
-shim run in the same kernel at each shape. Launch shapes come from the pure planners in `plans`.
+Five kernels with one contract (`sparse_decode_reference`'s): on SM90 the CUDA C++ register
+kernel (`register_library`: 16 heads a CTA, mma.sync, the dequantized rows in registers) where
+its CTAs fill their waves, and the Gluon ones (wgmma, cp.async) `hopper_ws_decode`
+(warp-specialised, up to 32 heads per program), `hopper_wide_decode` (warp-specialised, 64 heads
+per program, the output split across two warpgroups) and `hopper_decode` (every other shape);
+elsewhere `triton_decode` (portable Triton: any SM80+ GPU, and Triton's CPU interpreter). Every
+kernel reads both 512-wide NoPE and 576-wide RoPE (or zero-padded shim) queries, and on SM90 the
+kernel is chosen by the shape alone, so NoPE and the shim run in the same kernel at each shape.
+Launch shapes come from the pure planners in `plans`.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from nopebench.impls.native.plans import (
     plan_hopper_wide,
     plan_hopper_ws,
     plan_launch,
+    plan_register,
+    register_fills,
     score_warps_m,
 )
 from nopebench.impls.reference import check_decode_args
@@ -58,14 +62,35 @@ def use_hopper_wide(single_role_nope: LaunchPlan) -> bool:
     return single_role_nope.block_h == WIDE_BLOCK_H
 
 
+def register_available(device) -> bool:
+    """Whether the register kernel builds and loads here (it needs nvcc); where it does not,
+    says why once and the Gluon kernels take its shapes."""
+    from nopebench.impls.native.register_library import register_missing
+
+    index = torch.device(device).index
+    why = register_missing(torch.cuda.current_device() if index is None else index)
+    if why is not None and why not in _REGISTER_WARNED:
+        from nopebench.console import err_console
+
+        _REGISTER_WARNED.add(why)
+        err_console.print(f"native: {why}; the Gluon kernels run its shapes", highlight=False)
+    return why is None
+
+
+_REGISTER_WARNED: set[str] = set()
+
+
 def choose_plan(tokens: int, heads: int, width: int, rope_dim: int, device) -> LaunchPlan:
     """The kernel by the shape alone (the rules measured on NoPE rows), then its plan for the rows
     at hand: with RoPE lanes the planners fit them into shared memory (fewer ring slots, and
     32-row blocks in the 64-head kernel), so that NoPE and the shim differ in the row, not in the
-    kernel."""
+    kernel. On SM90 the register kernel takes 16 heads where its CTAs fill their waves
+    (`register_fills`), the Gluon kernels every other shape."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     rope = bool(rope_dim)
     if hopper_available(device):
+        if register_fills(tokens, heads, width, sms) and register_available(device):
+            return plan_register(tokens, heads, width, rope=rope)
         if use_hopper_ws(tokens, heads):
             return plan_hopper_ws(tokens, heads, width, sms, rope=rope)
         if use_hopper_wide(plan_hopper(tokens, heads, width, False, sms)):
@@ -288,8 +313,8 @@ def _prepare(problem: DecodeProblem) -> DecodeRun:
 def native_spec() -> ImplSpec:
     return ImplSpec(
         name="native",
-        description="nopebench kernel (Gluon/wgmma on SM90, portable Triton elsewhere): packed "
-        "fp8 rows read in place, dequantized on chip",
+        description="nopebench kernels (CUDA C++ mma.sync and Gluon/wgmma on SM90, portable "
+        "Triton elsewhere): packed fp8 rows read in place, dequantized on chip",
         unsupported=_unsupported,
         prepare=_prepare,
         deployable="no: this project's kernels; no serving engine runs them",

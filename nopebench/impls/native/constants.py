@@ -91,3 +91,9 @@ REG_BLOCK_H = 16  # the mma's M
 REG_BLOCK_N = 32  # keys a block
 REG_INDEX_CAP = 2208  # index entries a split stages in shared memory (kIndexCap in the source)
 REG_CTAS_PER_SM = 2  # 255 registers a thread, spill-free
+# Where it is planned: 16 heads, one split, and at least this share of the CTA slots of its last
+# wave filled (REG_CTAS_PER_SM a SM). On the H200 (16 heads, widths 2048 and 2176, NoPE and the
+# shim, against the warp-specialised kernel) it was 1.06-1.28x faster at fills of 0.76-1.0
+# (200-264, 400-528, 700 and 1024 tokens); NoPE rows were 0.85-0.98x at 0.48-0.68 (128, 300,
+# 350 and 360 tokens), where a partly filled wave costs a whole one.
+REG_MIN_FILL = 0.75

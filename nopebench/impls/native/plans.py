@@ -16,7 +16,9 @@ from nopebench.impls.native.constants import (
     HOPPER_SMEM,
     REG_BLOCK_H,
     REG_BLOCK_N,
+    REG_CTAS_PER_SM,
     REG_INDEX_CAP,
+    REG_MIN_FILL,
     RING_ROPE_BYTES,
     RING_ROW_BYTES,
     WIDE_BLOCK_H,
@@ -496,3 +498,14 @@ def plan_register(
         kernel="register",
         rope=rope,
     )
+
+
+def register_fills(tokens: int, heads: int, width: int, sms: int = DEFAULT_SMS) -> bool:
+    """Where the register kernel is planned, for NoPE and shim rows alike: 16 heads, the width
+    in one split, and the CTAs filling at least REG_MIN_FILL of the slots of their last wave
+    (REG_CTAS_PER_SM an SM), since a partly filled wave costs as much as a full one."""
+    if heads != REG_BLOCK_H or width > REG_INDEX_CAP or tokens <= 0:
+        return False
+    slots = REG_CTAS_PER_SM * sms
+    waves = -(-tokens // slots)
+    return tokens >= REG_MIN_FILL * waves * slots

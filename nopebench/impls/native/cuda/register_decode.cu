@@ -33,7 +33,6 @@ constexpr int kAbiVersion = 1;
 constexpr int kLatent = 512;
 constexpr int kScaleOffset = 512;
 constexpr int kRopeOffset = 528;
-constexpr int kRopeDim = 64;
 constexpr int kBlockN = 32;   // keys a block
 constexpr int kWarps = 4;     // one a scale tile
 constexpr int kThreads = 32 * kWarps;
