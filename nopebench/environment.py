@@ -170,7 +170,7 @@ def _triton_ptxas(sm: int | None) -> tuple[str | None, str]:
 
 @cache
 def toolchain() -> dict[str, Any]:
-    """nvcc and ptxas of the CUDA toolkit (the cache kernels' build), and Triton's ptxas."""
+    """nvcc and ptxas of the CUDA toolkit (the CUDA libraries' build), and Triton's ptxas."""
     from nopebench.cuda_build import find_nvcc
 
     nvcc = find_nvcc()

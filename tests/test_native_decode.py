@@ -64,9 +64,9 @@ def test_plan_covers_every_entry_and_head_exactly_once(heads, tokens, width, pla
     if planner.startswith("register"):
         if heads % REG_BLOCK_H:
             with pytest.raises(ValueError, match="blocks of 16"):
-                plan_register(tokens, heads, width, rope=rope)
+                plan_register(heads, width, rope=rope)
             return
-        plan = plan_register(tokens, heads, width, rope=rope)
+        plan = plan_register(heads, width, rope=rope)
         assert plan.block_h == REG_BLOCK_H and plan.entries_per_split <= REG_INDEX_CAP
     elif planner == "triton":
         plan = plan_launch(tokens, heads, width, sms=132)
@@ -148,14 +148,14 @@ def test_register_kernel_is_planned_where_its_ctas_fill_their_waves():
     assert not register_fills(512, 32, 2176, 132) and not register_fills(512, 8, 2176, 132)
     assert not register_fills(512, 16, REG_INDEX_CAP + 1, 132)  # two splits: not measured
     assert register_fills(396, 16, 2176, 132) and not register_fills(395, 16, 2176, 132)
-    plan = plan_register(512, 16, 2176)
+    plan = plan_register(16, 2176)
     assert (plan.kernel, plan.splits, plan.entries_per_split, plan.head_blocks) == (
         "register",
         1,
         2176,
         1,
     )
-    wide = plan_register(8, 32, 5000, splits=2)  # more entries than one split stages: three
+    wide = plan_register(32, 5000, splits=2)  # more entries than one split stages: three
     assert (wide.splits, wide.head_blocks) == (3, 2) and wide.entries_per_split <= REG_INDEX_CAP
 
 
@@ -876,7 +876,7 @@ def gpu_plan(kernel: str, tokens: int, heads: int, width: int, rope: int):
         if (why := register_missing()) is not None:
             pytest.skip(why)
         splits = 3 if kernel == "register_split" else None
-        return plan_register(tokens, heads, width, rope=bool(rope), splits=splits)
+        return plan_register(heads, width, rope=bool(rope), splits=splits)
     if not hopper_available(0):
         pytest.skip("the Hopper kernels need an SM90 GPU and Triton's Gluon")
     if kernel.startswith("hopper_wide"):

@@ -232,7 +232,7 @@ def split_scan(heads: int, tokens: int, rope: bool) -> list[dict]:
 
 def build_plan(tokens: int, heads: int, v: dict, rope: bool = False) -> LaunchPlan:
     if v.get("kernel") == "register":
-        return plan_register(tokens, heads, WIDTH, rope=rope, splits=v.get("splits"))
+        return plan_register(heads, WIDTH, rope=rope, splits=v.get("splits"))
     if v.get("kernel") == "hopper_wide":
         return plan_hopper_wide(
             tokens,

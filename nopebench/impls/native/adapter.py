@@ -90,7 +90,7 @@ def choose_plan(tokens: int, heads: int, width: int, rope_dim: int, device) -> L
     rope = bool(rope_dim)
     if hopper_available(device):
         if register_fills(tokens, heads, width, sms) and register_available(device):
-            return plan_register(tokens, heads, width, rope=rope)
+            return plan_register(heads, width, rope=rope)
         if use_hopper_ws(tokens, heads):
             return plan_hopper_ws(tokens, heads, width, sms, rope=rope)
         if use_hopper_wide(plan_hopper(tokens, heads, width, False, sms)):

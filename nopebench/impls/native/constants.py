@@ -91,6 +91,7 @@ REG_BLOCK_H = 16  # the mma's M
 REG_BLOCK_N = 32  # keys a block
 REG_INDEX_CAP = 2208  # index entries a split stages in shared memory (kIndexCap in the source)
 REG_CTAS_PER_SM = 2  # 255 registers a thread, spill-free
+REG_STAGES = 4  # cp.async ring slots (kStages in the source; 3 and 5 were slower on the H200)
 # Where it is planned: 16 heads, one split, and at least this share of the CTA slots of its last
 # wave filled (REG_CTAS_PER_SM a SM). On the H200 (16 heads, widths 2048 and 2176, NoPE and the
 # shim, against the warp-specialised kernel) it was 1.06-1.28x faster at fills of 0.76-1.0

@@ -19,6 +19,7 @@ from nopebench.impls.native.constants import (
     REG_CTAS_PER_SM,
     REG_INDEX_CAP,
     REG_MIN_FILL,
+    REG_STAGES,
     RING_ROPE_BYTES,
     RING_ROW_BYTES,
     WIDE_BLOCK_H,
@@ -466,17 +467,13 @@ def plan_hopper_wide(
 
 
 def plan_register(
-    tokens: int,
-    heads: int,
-    width: int,
-    sms: int = DEFAULT_SMS,
-    rope: bool = False,
-    splits: int | None = None,
+    heads: int, width: int, rope: bool = False, splits: int | None = None
 ) -> LaunchPlan:
     """Launch shape for the register kernel: one CTA per (token, head block of 16, split),
-    REG_CTAS_PER_SM an SM. A split stages its index entries in shared memory, so a width of more
-    than REG_INDEX_CAP entries takes several; by default no more than that (the kernel is
-    planned where the tokens alone fill the SMs, `register_fills`)."""
+    REG_CTAS_PER_SM an SM, so the shape decides it without the token count. A split stages its
+    index entries in shared memory, so a width of more than REG_INDEX_CAP entries takes several;
+    by default no more than that (the kernel is planned where the tokens alone fill the SMs,
+    `register_fills`)."""
     if heads % REG_BLOCK_H:
         raise ValueError(f"the register kernel takes heads in blocks of {REG_BLOCK_H}, not {heads}")
     fewest = -(-width // REG_INDEX_CAP)
@@ -493,7 +490,7 @@ def plan_register(
         splits,
         per_split,
         num_warps=4,
-        num_stages=4,
+        num_stages=REG_STAGES,
         prefetch=False,
         kernel="register",
         rope=rope,
