@@ -75,10 +75,17 @@ LOG2E = 1.4426950408889634
 
 
 def load_library(device: torch.device) -> ctypes.CDLL:
-    """The library for `device`'s architecture, its struct size and index capacity checked."""
+    """The library for `device`'s architecture, its struct size and index capacity checked
+    (once a device: launches call this)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _checked_library(index)
+
+
+@functools.cache
+def _checked_library(index: int) -> ctypes.CDLL:
     from nopebench.console import err_console
 
-    lib = cuda_build.load(BINDING, torch.cuda.get_device_capability(device), err_console.print)
+    lib = cuda_build.load(BINDING, torch.cuda.get_device_capability(index), err_console.print)
     if lib.nopedecode_params_bytes() != ctypes.sizeof(Params):
         raise RuntimeError(
             f"the decode library's Params is {lib.nopedecode_params_bytes()} bytes, the "
@@ -145,7 +152,6 @@ def launch(
     if tuple(o.shape) != expected or not (o.is_contiguous() and lse.is_contiguous()):
         raise ValueError(f"the register kernel writes contiguous {expected} outputs")
     lib = load_library(q.device)
-    zero = 0
     params = Params(
         q=q.data_ptr(),
         q_stride_t=q.stride(0),
@@ -153,10 +159,10 @@ def launch(
         cache=cache.data_ptr(),
         indices=indices.data_ptr(),
         idx_stride_t=indices.stride(0),
-        out=o.data_ptr() if splits == 1 else zero,
-        lse=lse.data_ptr() if splits == 1 else zero,
-        part=o.data_ptr() if splits > 1 else zero,
-        part_lse=lse.data_ptr() if splits > 1 else zero,
+        out=o.data_ptr() if splits == 1 else None,
+        lse=lse.data_ptr() if splits == 1 else None,
+        part=o.data_ptr() if splits > 1 else None,
+        part_lse=lse.data_ptr() if splits > 1 else None,
         scale_log2=softmax_scale * LOG2E,
         row_bytes=cache.shape[-1],
         tokens=tokens,
