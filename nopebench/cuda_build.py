@@ -156,6 +156,52 @@ def cuda_include_dir() -> Path | None:
     return next((c for c in candidates if (c / "cuda_runtime.h").is_file()), None)
 
 
+EMULATOR_INCLUDE = Path(__file__).resolve().parent / "cuda"  # emulator.h, the thread model
+EMULATOR_SOURCE = "emulator.cpp"
+
+
+def emulator_compiler() -> str | None:
+    """The host C++ compiler the kernels' CPU emulators build with, if there is one."""
+    return shutil.which("g++") or shutil.which("c++")
+
+
+def compile_emulator(library: CudaLibrary, out: Path) -> Path:
+    """`library`'s kernels on the CPU: its `emulator.cpp` (the kernels' own source, run by
+    `cuda/emulator.h`) built as a host shared library at `out`, exporting the library's C ABI.
+    UnsupportedError without a C++ compiler or the CUDA headers (for their types);
+    SystemFailedError with the compiler's first lines when it fails."""
+    cxx, include = emulator_compiler(), cuda_include_dir()
+    if cxx is None or include is None:
+        raise UnsupportedError("the CPU emulator needs a C++ compiler and the CUDA headers")
+    cmd = [
+        cxx,
+        "-std=c++17",
+        "-O2",
+        "-shared",
+        "-fPIC",
+        "-Wno-attributes",
+        "-Wno-unknown-pragmas",
+        "-x",
+        "c++",
+        "-I",
+        str(include),
+        "-I",
+        str(EMULATOR_INCLUDE),
+        "-I",
+        str(library.source_dir),
+        "-o",
+        str(out),
+        str(library.source_dir / EMULATOR_SOURCE),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise SystemFailedError(
+            f"{library.label} emulator: {cxx} exit {proc.returncode}: "
+            + "\n".join(proc.stderr.strip().splitlines()[:20])
+        )
+    return out
+
+
 def _version_key(path: Path) -> tuple[int, ...]:
     numbers = re.findall(r"\d+", path.parent.parent.name)
     return tuple(int(n) for n in numbers) or (0,)

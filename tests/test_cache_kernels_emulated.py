@@ -6,8 +6,6 @@ machine without a GPU; the numerics' hardware path is left to test_cache_kernels
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
 from dataclasses import replace
 
 import pytest
@@ -19,37 +17,16 @@ from nopebench.cache_kernels.library import ABI_VERSION, CACHE_LIBRARY, declare
 from nopebench.checks import layout
 from nopebench.config import load_model_config
 
-CXX = shutil.which("g++") or shutil.which("c++")
-CUDA_INCLUDE = b.cuda_include_dir()
 pytestmark = pytest.mark.skipif(
-    CXX is None or CUDA_INCLUDE is None, reason="needs a C++ compiler and the CUDA headers"
+    b.emulator_compiler() is None or b.cuda_include_dir() is None,
+    reason="needs a C++ compiler and the CUDA headers",
 )
 
 
 @pytest.fixture(scope="module")
 def emulated_lib(tmp_path_factory) -> ctypes.CDLL:
     out = tmp_path_factory.mktemp("emulator") / "libnopecache_emulated.so"
-    cmd = [
-        CXX,
-        "-std=c++17",
-        "-O2",
-        "-shared",
-        "-fPIC",
-        "-Wno-attributes",
-        "-Wno-unknown-pragmas",
-        "-x",
-        "c++",
-        "-I",
-        str(CUDA_INCLUDE),
-        "-I",
-        str(CACHE_LIBRARY.source_dir),
-        "-o",
-        str(out),
-        str(CACHE_LIBRARY.source_dir / "emulator.cpp"),
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    lib = declare(ctypes.CDLL(str(out)))
+    lib = declare(ctypes.CDLL(str(b.compile_emulator(CACHE_LIBRARY, out))))
     assert lib.nopecache_abi_version() == ABI_VERSION
     return lib
 

@@ -1,131 +1,15 @@
 // The cache kernels of cache_kernels.cuh run on the CPU, for tests on machines without a GPU.
 //
-// Compiled as plain C++ (g++, CUDA headers only for their types): the kernels' own source
-// runs one warp at a time, its 32 lanes as cooperative coroutines (ucontext) on one thread,
-// switched at every warp-wide intrinsic (__shfl_xor_sync, __shfl_sync, __ballot_sync), so
-// each lane sees exactly what the others hold at that point, as on a GPU. A lane that leaves
-// the kernel while others wait at an intrinsic, or lanes at different intrinsics (undefined
-// behaviour on a GPU), fail the launch. The numerics take their host branch (IEEE divide,
-// software e4m3 conversion; checked against the reference by numerics_check.cu); the GPU
-// tests cover the hardware's. Exports the library's C ABI, so nopebench's ctypes binding
-// and every layout check run unchanged on CPU tensors (tests/test_cache_kernels_emulated.py).
+// Compiled as plain C++ (g++, CUDA headers only for their types) with nopebench/cuda/emulator.h,
+// which runs a CTA's threads as cooperative coroutines switched at every warp intrinsic
+// (__shfl_xor_sync, __shfl_sync, __ballot_sync here), so each lane sees exactly what the others
+// hold at that point, as on a GPU, and fails the launch on what a GPU leaves undefined. The
+// numerics take their host branch (IEEE divide, software e4m3 conversion; checked against the
+// reference by numerics_check.cu); the GPU tests cover the hardware's. Exports the library's C
+// ABI, so nopebench's ctypes binding and every layout check run unchanged on CPU tensors
+// (tests/test_cache_kernels_emulated.py).
 
-#define __STORAGE__  // threadIdx and blockIdx become plain globals here, set per lane
-#include <device_launch_parameters.h>
-#include <ucontext.h>
-
-#include <algorithm>
-#include <cstring>
-#include <functional>
-#include <string>
-#include <vector>
-
-using std::max;
-using std::min;
-
-namespace emu {
-
-constexpr int kLanes = 32;
-constexpr size_t kStackBytes = 1 << 16;
-
-struct Scheduler {
-  ucontext_t main;
-  ucontext_t lanes[kLanes];
-  std::vector<char> stacks[kLanes];
-  bool done[kLanes];
-  int arrivals[kLanes];       // warp intrinsics each lane has reached
-  uint32_t value[2][kLanes];  // what each lane contributed, double-buffered by arrival parity
-  int current = 0;
-  int warp_base = 0;
-  unsigned block = 0;
-  std::function<void()> body;
-  std::string error;
-};
-
-Scheduler S;
-
-void enter(int lane) {
-  S.current = lane;
-  threadIdx.x = static_cast<unsigned>(S.warp_base + lane);
-  blockIdx.x = S.block;
-  swapcontext(&S.main, &S.lanes[lane]);
-}
-
-void lane_entry() {
-  S.body();
-  S.done[S.current] = true;  // returning resumes S.main through uc_link
-}
-
-// Contribute `v` at a warp intrinsic, wait for the other lanes; returns the buffer to read.
-int exchange(uint32_t v, unsigned mask) {
-  const int lane = S.current;
-  if (mask != 0xffffffffu && S.error.empty()) S.error = "warp intrinsic with a partial mask";
-  const int g = S.arrivals[lane]++ & 1;
-  S.value[g][lane] = v;
-  swapcontext(&S.lanes[lane], &S.main);
-  return g;
-}
-
-// Run one warp of the current launch; false (with S.error) when its lanes diverged.
-bool run_warp(unsigned block, int warp) {
-  S.block = block;
-  S.warp_base = warp * kLanes;
-  for (int lane = 0; lane < kLanes; ++lane) {
-    S.stacks[lane].resize(kStackBytes);
-    S.done[lane] = false;
-    S.arrivals[lane] = 0;
-    getcontext(&S.lanes[lane]);
-    S.lanes[lane].uc_stack.ss_sp = S.stacks[lane].data();
-    S.lanes[lane].uc_stack.ss_size = kStackBytes;
-    S.lanes[lane].uc_link = &S.main;
-    makecontext(&S.lanes[lane], lane_entry, 0);
-  }
-  for (;;) {
-    for (int lane = 0; lane < kLanes; ++lane)
-      if (!S.done[lane]) enter(lane);
-    const int finished = static_cast<int>(std::count(S.done, S.done + kLanes, true));
-    if (finished == kLanes) return S.error.empty();
-    if (finished > 0) {
-      S.error = "block " + std::to_string(block) + " warp " + std::to_string(warp) +
-                ": lanes left the kernel while others wait at a warp intrinsic";
-      return false;
-    }
-    if (!std::all_of(S.arrivals, S.arrivals + kLanes, [](int a) { return a == S.arrivals[0]; })) {
-      S.error = "lanes of one warp at different warp intrinsics";
-      return false;
-    }
-  }
-}
-
-}  // namespace emu
-
-unsigned __shfl_xor_sync(unsigned mask, unsigned v, int lane_mask) {
-  const int g = emu::exchange(v, mask);
-  return emu::S.value[g][(emu::S.current ^ lane_mask) & 31];
-}
-
-float __shfl_sync(unsigned mask, float v, int src_lane) {
-  uint32_t bits;
-  memcpy(&bits, &v, 4);
-  const int g = emu::exchange(bits, mask);
-  float out;
-  memcpy(&out, &emu::S.value[g][src_lane & 31], 4);
-  return out;
-}
-
-unsigned __ballot_sync(unsigned mask, int predicate) {
-  const int g = emu::exchange(predicate != 0, mask);
-  unsigned ballot = 0;
-  for (int lane = 0; lane < emu::kLanes; ++lane)
-    if (emu::S.value[g][lane]) ballot |= 1u << lane;
-  return ballot;
-}
-
-int __clz(unsigned x) { return x ? __builtin_clz(x) : 32; }
-
-#ifndef __launch_bounds__
-#define __launch_bounds__(...)  // an occupancy hint for nvcc only
-#endif
+#include "emulator.h"
 
 #include "cache_kernels.cuh"
 
@@ -135,12 +19,8 @@ namespace {
 
 template <typename Kernel>
 int launch(int64_t blocks, Kernel kernel) {
-  emu::S.error.clear();
-  emu::S.body = kernel;
-  for (int64_t b = 0; b < blocks; ++b)
-    for (int w = 0; w < kWarpsPerBlock; ++w)
-      if (!emu::run_warp(static_cast<unsigned>(b), w)) return cudaErrorLaunchFailure;
-  return cudaSuccess;
+  return emu::launch(blocks, 1, kWarpsPerBlock * emu::kLanes, kernel) ? cudaSuccess
+                                                                      : cudaErrorLaunchFailure;
 }
 
 }  // namespace
