@@ -7,6 +7,10 @@ from __future__ import annotations
 import torch
 
 from nopebench import rowformat
+from nopebench.compare import close
+from nopebench.impls.reference import sparse_decode_reference
+
+SCALE = 0.0625
 
 
 def decode_inputs(
@@ -47,3 +51,13 @@ def decode_inputs(
         wide[..., 512:] = 0
     q = wide[..., : 512 + rope]  # strided: head stride 640 or 576, not the contiguous width
     return q.to(device), cache.to(device), idx.to(device)
+
+
+def assert_matches_reference(got, q, cache, idx, rope: int) -> None:
+    """The strict element and cosine rule on the output; the same empty rows and LSE to 1e-3."""
+    ref, lse = sparse_decode_reference(q, cache, idx, SCALE, rope)
+    cmp = close(got.out, ref)
+    assert cmp.passed, cmp.detail
+    finite = torch.isfinite(lse)
+    assert torch.equal(torch.isinf(got.lse), ~finite)
+    assert float((got.lse[finite] - lse[finite]).abs().max()) < 1e-3

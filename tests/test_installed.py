@@ -75,7 +75,9 @@ def test_a_wheel_installed_elsewhere_works_from_any_directory(tmp_path):
     assert (target / "nopebench" / "configs" / "models" / "glm53-flash.yaml").is_file()
     assert (target / "nopebench" / "cache_kernels" / "cuda" / "cache_kernels.cu").is_file()
     native = target / "nopebench" / "impls" / "native"
-    assert (native / "cuda" / "register_decode.cu").is_file()
+    for name in ("register_decode.cu", "register_decode.cuh", "emulator.cpp"):
+        assert (native / "cuda" / name).is_file(), name
+    assert (target / "nopebench" / "cuda" / "emulator.h").is_file()  # the emulators' threads
     work = tmp_path / "work"
     work.mkdir()
     env = {**os.environ, "PYTHONPATH": str(target)}

@@ -25,7 +25,7 @@ from nopebench.bench.decode_cases import build_cache
 from nopebench.bench.timing import measure_ceilings, time_gpu
 from nopebench.compare import close
 from nopebench.environment import environment_header
-from nopebench.impls.native.adapter import native_decode
+from nopebench.impls.native.adapter import choose_plan, native_decode
 from nopebench.impls.native.plans import (
     LaunchPlan,
     installed_triton,
@@ -117,9 +117,12 @@ def hopper_variants(
             dict(kernel="hopper", splits=34),
             dict(kernel="hopper", block_n=128, stages=1, block_h=16),
         ]
-    if heads % 16 == 0 and heads <= 32:
-        # The CUDA C++ register kernel: 16 heads a CTA, as few splits as its staged index allows.
-        cands += [dict(kernel="register")]
+    if heads % 16 == 0:
+        # The CUDA C++ register kernel: 16 or 32 heads a CTA (the head blocks of a token
+        # neighbouring CTAs), as few splits as its staged index allows, or enough for a wave.
+        cands += [dict(kernel="register"), dict(kernel="register", block_h=32)]
+        if tokens * heads < 132 * 32:
+            cands += [dict(kernel="register", block_h=bh, splits=4) for bh in (16, 32)]
     if heads <= 32 or tokens < 64:
         # The warp-specialised kernel: its plan, one consumer instead of the role split, other
         # ring depths, 16 heads per program.
@@ -231,8 +234,12 @@ def split_scan(heads: int, tokens: int, rope: bool) -> list[dict]:
 
 
 def build_plan(tokens: int, heads: int, v: dict, rope: bool = False) -> LaunchPlan:
+    if v.get("kernel") == "planned":  # what `native` runs at this shape on this GPU
+        return choose_plan(tokens, heads, WIDTH, 64 if rope else 0, 0)
     if v.get("kernel") == "register":
-        return plan_register(heads, WIDTH, rope=rope, splits=v.get("splits"))
+        return plan_register(
+            heads, WIDTH, rope=rope, splits=v.get("splits"), block_h=v.get("block_h", 16)
+        )
     if v.get("kernel") == "hopper_wide":
         return plan_hopper_wide(
             tokens,
@@ -337,7 +344,9 @@ def main() -> int:
         "--variants",
         default=None,
         help="with --hopper: a JSON list of variants to time instead of the kernel's own "
-        '(build_plan\'s keys, e.g. \'[{"kernel": "hopper_wide", "p_bufs": 2}]\')',
+        '(build_plan\'s keys, e.g. \'[{"kernel": "hopper_wide", "p_bufs": 2}]\'; '
+        '{"kernel": "planned"} is what `native` runs at the shape; "cases": ["32x64"] limits a '
+        "variant to those cases)",
     )
     ap.add_argument(
         "--width",
@@ -394,8 +403,12 @@ def main() -> int:
             if args.hopper:
                 vs = hopper_variants(heads, tokens, bool(rope), args.few_scan, args.wave_scan)
                 vs = [v for v in vs if args.kernel in (None, v.get("kernel"))]
-                if given is not None:
-                    vs = given
+                if given is not None:  # a variant's "cases" (e.g. ["32x64"]) limits it to those
+                    vs = [
+                        {k: x for k, x in v.items() if k != "cases"}
+                        for v in given
+                        if case in v.get("cases", [case])
+                    ]
             elif args.explore:
                 vs = explore(heads, tokens)
             else:

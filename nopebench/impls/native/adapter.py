@@ -208,9 +208,7 @@ def native_decode(
         from nopebench.impls.native import register_library
 
         target = (out, lse) if plan.splits == 1 else (part, part_lse)
-        register_library.launch(
-            q, cache, indices, softmax_scale, rope_dim, plan.splits, plan.entries_per_split, target
-        )
+        register_library.launch(q, cache, indices, softmax_scale, rope_dim, plan, target)
     elif plan.kernel == "hopper":
         from nopebench.impls.native import hopper_decode
 

@@ -1,8 +1,8 @@
 """The native register decode kernel (CUDA C++, `cuda/register_decode.cu`): its library, its
 ctypes binding and its launch.
 
-16 heads a CTA, the dequantized rows kept in registers as mma.sync fragments; one source for
-NoPE rows (512-wide QK) and for RoPE or shim rows (576-wide), the width chosen per launch.
+16 or 32 heads a CTA, the dequantized rows kept in registers as mma.sync fragments; one source
+for NoPE rows (512-wide QK) and for RoPE or shim rows (576-wide), the width chosen per launch.
 Built by the project's nvcc build (`cuda_build`) for the local GPU on first use, like the cache
 kernels; called with raw pointers on torch's current stream, so CUDA graphs capture it.
 """
@@ -19,9 +19,10 @@ from nopebench import cuda_build
 from nopebench import geometry as g
 from nopebench.cuda_build import Binding, CudaLibrary
 from nopebench.errors import SystemFailedError, UnsupportedError
-from nopebench.impls.native.constants import REG_BLOCK_H, REG_BLOCK_N, REG_INDEX_CAP
+from nopebench.impls.native.constants import REG_BLOCK_N, REG_INDEX_CAP, REG_SHAPES
+from nopebench.impls.native.plans import LaunchPlan, check_register_heads
 
-ABI_VERSION = 1  # must equal kAbiVersion in cuda/register_decode.cu
+ABI_VERSION = 2  # must equal kAbiVersion in cuda/register_decode.cuh
 
 REGISTER_LIBRARY = CudaLibrary(
     name="decode",
@@ -57,6 +58,7 @@ class Params(ctypes.Structure):
         ("width", ctypes.c_int),
         ("per_split", ctypes.c_int),
         ("splits", ctypes.c_int),
+        ("block_h", ctypes.c_int),
     ]
 
 
@@ -65,7 +67,8 @@ SIGNATURES = {
     "nopedecode_abi_version": ([], _i32),
     "nopedecode_params_bytes": ([], _i32),
     "nopedecode_index_cap": ([], _i32),
-    "nopedecode_smem_bytes": ([_i32], _i32),
+    "nopedecode_shape": ([_i32, ctypes.POINTER(_i32)], _i32),  # block_h, out[3]
+    "nopedecode_smem_bytes": ([_i32, _i32], _i32),  # rope, block_h
     "nopedecode_error_string": ([_i32], ctypes.c_char_p),
     # params, rope, stream
     "nopedecode_register_decode": ([ctypes.POINTER(Params), _i32, _ptr], _i32),
@@ -75,17 +78,15 @@ LOG2E = 1.4426950408889634
 
 
 def load_library(device: torch.device) -> ctypes.CDLL:
-    """The library for `device`'s architecture, its struct size and index capacity checked
-    (once a device: launches call this)."""
+    """The library for `device`'s architecture, checked against the binding (once a device:
+    launches call this)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     return _checked_library(index)
 
 
-@functools.cache
-def _checked_library(index: int) -> ctypes.CDLL:
-    from nopebench.console import err_console
-
-    lib = cuda_build.load(BINDING, torch.cuda.get_device_capability(index), err_console.print)
+def check_library(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """`lib` if its struct size, staged-index capacity and launch shapes are the ones this
+    binding and the planner assume, else RuntimeError naming the first that is not."""
     if lib.nopedecode_params_bytes() != ctypes.sizeof(Params):
         raise RuntimeError(
             f"the decode library's Params is {lib.nopedecode_params_bytes()} bytes, the "
@@ -96,7 +97,22 @@ def _checked_library(index: int) -> ctypes.CDLL:
             f"the decode library stages {lib.nopedecode_index_cap()} index entries a split, the "
             f"planner plans for {REG_INDEX_CAP}"
         )
+    for block_h, shape in REG_SHAPES.items():
+        got = (_i32 * 3)()
+        if lib.nopedecode_shape(block_h, got) != 0 or tuple(got) != tuple(shape):
+            raise RuntimeError(
+                f"the decode library's {block_h}-head shape (warps, CTAs an SM, ring slots) is "
+                f"{tuple(got)}, the planner's {tuple(shape)}"
+            )
     return lib
+
+
+@functools.cache
+def _checked_library(index: int) -> ctypes.CDLL:
+    from nopebench.console import err_console
+
+    capability = torch.cuda.get_device_capability(index)
+    return check_library(cuda_build.load(BINDING, capability, err_console.print))
 
 
 @functools.cache
@@ -115,11 +131,10 @@ def register_missing(device: int = 0) -> str | None:
     return None
 
 
-def check_operands(q: torch.Tensor, cache: torch.Tensor, heads: int) -> None:
-    """What this kernel needs beyond the decode contract (ValueError): whole 16-head blocks,
-    q rows 8-byte aligned (8-byte loads), rows 16-byte aligned (16-byte copies)."""
-    if heads % REG_BLOCK_H:
-        raise ValueError(f"the register kernel takes heads in blocks of {REG_BLOCK_H}, not {heads}")
+def check_operands(q: torch.Tensor, cache: torch.Tensor, heads: int, block_h: int) -> None:
+    """What this kernel needs beyond the decode contract (ValueError): whole head blocks, q rows
+    8-byte aligned (8-byte loads), rows 16-byte aligned (16-byte copies)."""
+    check_register_heads(heads, block_h)
     if q.stride(0) % 4 or q.stride(1) % 4 or q.data_ptr() % 8:
         raise ValueError("the register kernel needs q's token and head rows 8-byte aligned")
     if cache.data_ptr() % 16 or not cache.is_contiguous():
@@ -132,14 +147,15 @@ def launch(
     indices: torch.Tensor,
     softmax_scale: float,
     rope_dim: int,
-    splits: int,
-    per_split: int,
+    plan: LaunchPlan,
     out: tuple[torch.Tensor, torch.Tensor],
 ) -> None:
-    """One launch on the current stream: into `out` = (out, lse) with one split, else into
-    (part, part_lse), which the combine kernel then merges."""
+    """One launch of `plan` (a `plan_register` one) on the current stream: into `out` =
+    (out, lse) with one split, else into (part, part_lse), which the combine kernel then merges.
+    CPU tensors go to the library's CPU emulator, where one is loaded (the tests')."""
     tokens, heads, _ = q.shape
-    check_operands(q, cache, heads)
+    splits, per_split = plan.splits, plan.entries_per_split
+    check_operands(q, cache, heads, plan.block_h)
     if per_split % REG_BLOCK_N or per_split > REG_INDEX_CAP:
         raise ValueError(
             f"a split takes a multiple of {REG_BLOCK_N} entries, at most {REG_INDEX_CAP}, "
@@ -170,8 +186,9 @@ def launch(
         width=indices.shape[1],
         per_split=per_split,
         splits=splits,
+        block_h=plan.block_h,
     )
-    stream = torch.cuda.current_stream(q.device).cuda_stream
+    stream = torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else None
     code = lib.nopedecode_register_decode(ctypes.byref(params), int(bool(rope_dim)), stream)
     if code:
         message = lib.nopedecode_error_string(code).decode(errors="replace")
