@@ -19,7 +19,7 @@ from nopebench.commands import build as command
 from nopebench.commands.options import BuildOptions
 from nopebench.errors import SystemFailedError, UnsupportedError, UsageError
 from nopebench.impls.native import register_library
-from nopebench.impls.native.constants import REG_INDEX_CAP, REG_SHAPES
+from nopebench.impls.native.constants import REG_INDEX_CAP
 from nopebench.impls.native.register_library import REGISTER_LIBRARY
 
 HAS_NVCC = b.find_nvcc() is not None
@@ -272,9 +272,10 @@ def test_compile_only_builds_three_loadable_libraries(capsys):
             assert lib.nopedecode_abi_version() == register_library.ABI_VERSION
             assert lib.nopedecode_params_bytes() == ctypes.sizeof(register_library.Params)
             assert lib.nopedecode_index_cap() == REG_INDEX_CAP
-            assert register_library.check_library(lib) is lib  # struct, index cap, shapes
+            assert register_library.check_library(lib) is lib  # struct, index cap
             assert {k.kernel for k in r.resources} == {
-                f"register_decode_qk{qk}_h{h}" for qk in (512, 576) for h in REG_SHAPES
+                "register_decode_qk512",
+                "register_decode_qk576",
             }
             assert all(k.spill_stores == 0 and k.stack_bytes == 0 for k in r.resources)
             continue
@@ -330,7 +331,6 @@ def test_register_library_refuses_what_its_kernel_cannot_take_before_any_cuda_ca
         width=2176,
         per_split=2176,
         splits=1,
-        block_h=16,
     )
 
     def code(rope: int = 0, **change) -> int:
@@ -338,13 +338,10 @@ def test_register_library_refuses_what_its_kernel_cannot_take_before_any_cuda_ca
         return lib.nopedecode_register_decode(ctypes.byref(params), rope, None)
 
     assert code() == 0 and code(rope=1, row_bytes=656) == 0 and code(row_bytes=656) == 0
-    assert code(heads=64, block_h=32) == 0
     invalid = 1  # cudaErrorInvalidValue
     assert lib.nopedecode_error_string(invalid) == b"invalid argument"
     for change in (
         dict(heads=20),  # not whole 16-head blocks
-        dict(block_h=32),  # 16 heads: not a whole 32-head block
-        dict(heads=48, block_h=48),  # no 48-head kernel
         dict(per_split=2200),  # not whole 32-key blocks
         dict(per_split=REG_INDEX_CAP + 32, width=REG_INDEX_CAP + 32),  # more than it stages
         dict(per_split=1088),  # two splits' worth in one

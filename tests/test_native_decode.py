@@ -20,7 +20,6 @@ from nopebench.impls.native.constants import (
     HOPPER_SMEM,
     REG_BLOCK_H,
     REG_INDEX_CAP,
-    REG_SHAPES,
     WIDE_BLOCK_H,
     WIDE_ROPE_SLOTS,
     WS_SPLIT_32_MIN_TOKENS,
@@ -56,21 +55,17 @@ from nopebench.impls.reference import sparse_decode_reference
         "hopper-wide-rope",
         "register",
         "register-rope",
-        "register32",
-        "register32-rope",
     ],
 )
 def test_plan_covers_every_entry_and_head_exactly_once(heads, tokens, width, planner):
     rope = planner.endswith("-rope")
     if planner.startswith("register"):
-        block_h = 32 if planner.startswith("register32") else REG_BLOCK_H
-        if heads % block_h:
-            with pytest.raises(ValueError, match=f"blocks of {block_h}"):
-                plan_register(heads, width, rope=rope, block_h=block_h)
+        if heads % REG_BLOCK_H:
+            with pytest.raises(ValueError, match="blocks of 16"):
+                plan_register(heads, width, rope=rope)
             return
-        plan = plan_register(heads, width, rope=rope, block_h=block_h)
-        assert plan.block_h == block_h and plan.entries_per_split <= REG_INDEX_CAP
-        assert (plan.num_warps, plan.num_stages) == REG_SHAPES[block_h][::2]
+        plan = plan_register(heads, width, rope=rope)
+        assert plan.block_h == REG_BLOCK_H and plan.entries_per_split <= REG_INDEX_CAP
     elif planner == "triton":
         plan = plan_launch(tokens, heads, width, sms=132)
     elif planner.startswith("hopper-wide"):
@@ -204,18 +199,14 @@ def test_register_operands_the_kernel_cannot_take_are_one_line_errors():
     from nopebench.impls.native.register_library import check_operands
 
     q, cache, _ = decode_inputs(16, 2, 64, 0, 528, "cpu")
-    check_operands(q, cache, 16, 16)  # a strided q (head stride 576) is fine
+    check_operands(q, cache, 16)  # a strided q (head stride 576) is fine
     with pytest.raises(ValueError, match="blocks of 16"):
-        check_operands(q[:, :8], cache, 8, 16)
-    with pytest.raises(ValueError, match="blocks of 32"):
-        check_operands(q, cache, 16, 32)
-    with pytest.raises(ValueError, match=r"\[16, 32\] heads a CTA, not 64"):
-        check_operands(q, cache, 16, 64)
+        check_operands(q[:, :8], cache, 8)
     odd = torch.zeros(2, 16, 514, dtype=torch.bfloat16)[..., :512]
     with pytest.raises(ValueError, match="8-byte aligned"):
-        check_operands(odd, cache, 16, 16)
+        check_operands(odd, cache, 16)
     with pytest.raises(ValueError, match="contiguous, 16-byte aligned cache"):
-        check_operands(q, cache[:, ::2], 16, 16)
+        check_operands(q, cache[:, ::2], 16)
 
 
 def test_warp_specialised_kernel_is_chosen_where_it_was_measured_faster():
@@ -796,7 +787,7 @@ INTERPRETER_SCRIPT = textwrap.dedent("""
     from nopebench.impls.native.adapter import native_decode
     from nopebench.impls.native.plans import plan_launch
     from nopebench.impls.reference import sparse_decode_reference
-    from native_cases import SCALE, assert_matches_reference, decode_inputs
+    from native_cases import decode_inputs
     results = []
     for heads, tokens, width, rope, row_bytes, splits, factored in json.loads(sys.argv[1]):
         q, cache, idx = decode_inputs(heads, tokens, width, rope, row_bytes, "cpu")
@@ -869,9 +860,8 @@ def gpu_plan(kernel: str, tokens: int, heads: int, width: int, rope: int):
     beside the producer alone, as for RoPE rows); hopper_ws_split32: the role split at 32
     heads per program, as Triton 3.6's plan runs it from 256 tokens), for the rows' QK width;
     the Hopper ones are skipped off SM90; register: the CUDA C++ kernel, for whole 16-head
-    blocks, in as few splits as its staged index entries allow (register_split: three),
-    skipped off SM89+ or without nvcc; register32 and register32_split: the same with 32 heads
-    a CTA)."""
+    blocks, in as few splits as its staged index entries allow, skipped off SM89+ or without
+    nvcc)."""
     from nopebench.impls.native.adapter import hopper_available
     from nopebench.impls.native.plans import plan_hopper
 
@@ -879,13 +869,12 @@ def gpu_plan(kernel: str, tokens: int, heads: int, width: int, rope: int):
     if kernel == "triton":
         return plan_launch(tokens, heads, width, sms)
     if kernel.startswith("register"):
-        block_h = 32 if kernel.startswith("register32") else REG_BLOCK_H
-        if heads % block_h:
-            pytest.skip(f"the register kernel takes whole {block_h}-head blocks")
+        if heads % REG_BLOCK_H:
+            pytest.skip("the register kernel takes whole 16-head blocks")
         if (why := register_missing()) is not None:
             pytest.skip(why)
-        splits = 3 if kernel.endswith("_split") else None
-        return plan_register(heads, width, rope=bool(rope), splits=splits, block_h=block_h)
+        splits = 3 if kernel == "register_split" else None
+        return plan_register(heads, width, rope=bool(rope), splits=splits)
     if not hopper_available(0):
         pytest.skip("the Hopper kernels need an SM90 GPU and Triton's Gluon")
     if kernel.startswith("hopper_wide"):
@@ -926,8 +915,6 @@ def gpu_plan(kernel: str, tokens: int, heads: int, width: int, rope: int):
         "hopper_ws_split32",
         "register",
         "register_split",
-        "register32",
-        "register32_split",
     ],
 )
 @pytest.mark.parametrize("heads, tokens, width, rope, row_bytes", GPU_GRID)
@@ -969,8 +956,7 @@ def test_2cta_pairs_match_the_reference_on_gpu(heads, tokens, width, row_bytes):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "kernel",
-    ["hopper_ws", "hopper_ws_one", "hopper_wide", "hopper_ws_split32", "register", "register32"],
+    "kernel", ["hopper_ws", "hopper_ws_one", "hopper_wide", "hopper_ws_split32", "register"]
 )
 @pytest.mark.parametrize("heads, tokens", [(16, 1), (16, 64), (32, 64), (64, 8), (128, 64)])
 def test_shim_runs_the_rope_path_of_the_warp_specialised_kernels(heads, tokens, kernel):
@@ -997,9 +983,7 @@ def test_shim_runs_the_rope_path_of_the_warp_specialised_kernels(heads, tokens, 
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(
-    "kernel", ["triton", "hopper", "hopper_ws", "hopper_wide", "register", "register32"]
-)
+@pytest.mark.parametrize("kernel", ["triton", "hopper", "hopper_ws", "hopper_wide", "register"])
 @pytest.mark.parametrize("scale_format", ["arbitrary_fp32", "pow2_fp32"])
 @pytest.mark.parametrize("magnitude", [1e-3, 1.0])
 def test_native_meets_the_rule_for_small_and_unit_latents(kernel, scale_format, magnitude):
@@ -1009,7 +993,7 @@ def test_native_meets_the_rule_for_small_and_unit_latents(kernel, scale_format, 
     7.7e-6, limit 5e-6: fp16 tile scales below 6.1e-5 are subnormal)."""
     from nopebench.impls.native.adapter import native_decode
 
-    heads, tokens = {"hopper_wide": (64, 64), "register32": (32, 64)}.get(kernel, (16, 64))
+    heads, tokens = (64, 64) if kernel == "hopper_wide" else (16, 64)
     q, cache, idx = decode_inputs(
         heads,
         tokens,
@@ -1047,8 +1031,6 @@ TAIL_COUNTS = (0, 1, 700, 1023, 1024, 1025, 2048, 2049, 2051, 2111, 2112, 2113, 
         "hopper_ws_split32",
         "register",
         "register_split",
-        "register32",
-        "register32_split",
     ],
 )
 @pytest.mark.parametrize("tokens", [8, 64])
@@ -1059,7 +1041,6 @@ def test_native_handles_rows_that_end_in_minus_one_padding(kernel, tokens):
     from nopebench.impls.native.adapter import native_decode
 
     heads = {"hopper_wide": 64, "hopper_ws_split32": 32}.get(kernel, 16)
-    heads = 32 if kernel.startswith("register32") else heads
     q, cache, idx = decode_inputs(heads, tokens, 2176, 0, 528, "cuda", seed=11, rows=4096)
     for t in range(tokens):
         idx[t, TAIL_COUNTS[t % len(TAIL_COUNTS)] :] = -1
@@ -1070,24 +1051,14 @@ def test_native_handles_rows_that_end_in_minus_one_padding(kernel, tokens):
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "kernel",
-    [
-        "triton",
-        "hopper",
-        "hopper_ws",
-        "hopper_ws_one",
-        "hopper_wide",
-        "register",
-        "register_split",
-        "register32_split",
-    ],
+    ["triton", "hopper", "hopper_ws", "hopper_ws_one", "hopper_wide", "register", "register_split"],
 )
 def test_native_replays_in_a_cuda_graph(kernel):
     from nopebench.impls.native.adapter import DecodeBuffers, native_decode
 
-    heads = 32 if kernel.startswith("register32") else 16
-    q, cache, idx = decode_inputs(heads, 64, 2176, 0, 528, "cuda", rows=4096)
-    plan = gpu_plan(kernel, 64, heads, 2176, 0)
-    bufs = DecodeBuffers.allocate(64, heads, plan, "cuda")
+    q, cache, idx = decode_inputs(16, 64, 2176, 0, 528, "cuda", rows=4096)
+    plan = gpu_plan(kernel, 64, 16, 2176, 0)
+    bufs = DecodeBuffers.allocate(64, 16, plan, "cuda")
     eager = native_decode(q, cache, idx, SCALE, 0, plan, bufs).out.clone()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

@@ -18,7 +18,7 @@ from nopebench import cuda_build as b
 from nopebench import geometry as g
 from nopebench import rowformat
 from nopebench.impls.native import register_library
-from nopebench.impls.native.constants import REG_SHAPES
+from nopebench.impls.native.constants import REG_BLOCK_N
 from nopebench.impls.native.plans import plan_register
 from nopebench.impls.native.register_library import LOG2E, REGISTER_LIBRARY, SIGNATURES
 
@@ -70,29 +70,27 @@ def run(q, cache, idx, rope: int, plan) -> Result:
     return Result(out.to(torch.bfloat16), lse)
 
 
-# (heads, block_h): one head block of each kind, and two 32-head blocks (neighbouring CTAs).
-HEAD_BLOCKS = [(16, 16), (32, 16), (32, 32), (64, 32)]
+# One 16-head block a token, and two (the grid's z).
+HEADS = [16, 32]
 ROWS = [(0, 528), (0, 656), (64, 656)]  # NoPE, NoPE on 656-byte rows, RoPE lanes
 
 
-@pytest.mark.parametrize("heads, block_h", HEAD_BLOCKS)
+@pytest.mark.parametrize("heads", HEADS)
 @pytest.mark.parametrize("rope, row_bytes", ROWS)
 @pytest.mark.parametrize("splits", [1, 3])
-def test_register_kernel_matches_the_reference_emulated(
-    emulated, heads, block_h, rope, row_bytes, splits
-):
+def test_register_kernel_matches_the_reference_emulated(emulated, heads, rope, row_bytes, splits):
     """Three tokens (an empty row, -1 entries scattered through another), 10 blocks of keys: the
     ring wraps at both depths; with three splits each stages its own entries, the last a short
     one."""
     q, cache, idx = decode_inputs(
         heads, 3, 300, rope, row_bytes, "cpu", seed=heads + rope, rows=512
     )
-    plan = plan_register(heads, 300, rope=bool(rope), splits=splits, block_h=block_h)
+    plan = plan_register(heads, 300, rope=bool(rope), splits=splits)
     assert plan.splits == splits
     assert_matches_reference(run(q, cache, idx, rope, plan), q, cache, idx, rope)
 
 
-def reference_max_moves(q, cache, idx, block_n: int = 32, tau: float = 8.0) -> int:
+def reference_max_moves(q, cache, idx, block_n: int = REG_BLOCK_N, tau: float = 8.0) -> int:
     """How often the kernel's shared reference max moves after a row's first block: a block
     whose max score passes it by 2^tau (log2 units) in any head moves it to the running max."""
     from native_cases import SCALE
@@ -114,30 +112,30 @@ def reference_max_moves(q, cache, idx, block_n: int = 32, tau: float = 8.0) -> i
     return moves
 
 
-@pytest.mark.parametrize("block_h", sorted(REG_SHAPES))
-def test_the_reference_max_moves_for_every_warp_emulated(emulated, block_h):
+@pytest.mark.parametrize("heads", HEADS)
+def test_the_reference_max_moves_for_every_warp_emulated(emulated, heads):
     """Two rows of growing score planted late in two tokens' rows (one head's q, scaled): the
     rare move of the shared reference max (every warp rescales O and l, P rewritten) runs after
     the first block; a -1 tail ends the rows."""
-    q, cache, idx = decode_inputs(block_h, 3, 240, 64, 656, "cpu", seed=7, rows=256)
+    q, cache, idx = decode_inputs(heads, 3, 240, 64, 656, "cpu", seed=7, rows=256)
     for t in (0, 2):
         valid = (idx[t] >= 0).nonzero().flatten()
         for at, gain in ((0.4, 1.0), (0.8, 2.0)):
             slot = idx[t, valid[int(at * len(valid))]].reshape(1)
-            head = q[t, t % block_h]
+            head = q[t, t % heads]
             latent = (head[: g.LATENT_DIM].float() * gain).to(torch.bfloat16)
             rowformat.write_cache(
                 cache, latent[None], head[None, g.LATENT_DIM :], slot, "arbitrary_fp32"
             )
     assert reference_max_moves(q, cache, idx) >= 3
-    plan = plan_register(block_h, 240, rope=True, block_h=block_h)
+    plan = plan_register(heads, 240, rope=True)
     assert_matches_reference(run(q, cache, idx, 64, plan), q, cache, idx, 64)
 
 
 def test_a_shim_row_scores_as_its_nope_row_emulated(emulated):
     """Zero RoPE lanes in q and rows: the 576-wide kernel gives the 512-wide kernel's output."""
     q, cache, idx = decode_inputs(32, 2, 96, 64, 656, "cpu", seed=3, shim=True)
-    plan = plan_register(32, 96, block_h=32)
+    plan = plan_register(32, 96)
     shim = run(q, cache, idx, 64, plan)
     nope = run(q[..., : g.LATENT_DIM], cache, idx, 0, plan)
     assert torch.equal(shim.out, nope.out) and torch.equal(shim.lse, nope.lse)

@@ -117,12 +117,9 @@ def hopper_variants(
             dict(kernel="hopper", splits=34),
             dict(kernel="hopper", block_n=128, stages=1, block_h=16),
         ]
-    if heads % 16 == 0:
-        # The CUDA C++ register kernel: 16 or 32 heads a CTA (the head blocks of a token
-        # neighbouring CTAs), as few splits as its staged index allows, or enough for a wave.
-        cands += [dict(kernel="register"), dict(kernel="register", block_h=32)]
-        if tokens * heads < 132 * 32:
-            cands += [dict(kernel="register", block_h=bh, splits=4) for bh in (16, 32)]
+    if heads % 16 == 0 and heads <= 32:
+        # The CUDA C++ register kernel: 16 heads a CTA, as few splits as its staged index allows.
+        cands += [dict(kernel="register")]
     if heads <= 32 or tokens < 64:
         # The warp-specialised kernel: its plan, one consumer instead of the role split, other
         # ring depths, 16 heads per program.
@@ -237,9 +234,7 @@ def build_plan(tokens: int, heads: int, v: dict, rope: bool = False) -> LaunchPl
     if v.get("kernel") == "planned":  # what `native` runs at this shape on this GPU
         return choose_plan(tokens, heads, WIDTH, 64 if rope else 0, 0)
     if v.get("kernel") == "register":
-        return plan_register(
-            heads, WIDTH, rope=rope, splits=v.get("splits"), block_h=v.get("block_h", 16)
-        )
+        return plan_register(heads, WIDTH, rope=rope, splits=v.get("splits"))
     if v.get("kernel") == "hopper_wide":
         return plan_hopper_wide(
             tokens,

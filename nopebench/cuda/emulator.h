@@ -119,7 +119,7 @@ inline bool release(int cta) {
 }
 
 // Run one CTA of `threads` threads (a multiple of 32); false (with S.error) on a failure.
-inline bool run_cta(unsigned x, unsigned y, int threads, int cta) {
+inline bool run_cta(unsigned x, unsigned y, unsigned z, int threads, int cta) {
   S.threads.resize(threads);
   for (auto& w : S.words) w.assign(static_cast<size_t>(threads) * kWords, 0);
   for (auto& f : S.flags) f.assign(threads, 0);
@@ -136,7 +136,7 @@ inline bool run_cta(unsigned x, unsigned y, int threads, int cta) {
   }
   blockIdx.x = x;
   blockIdx.y = y;
-  blockIdx.z = 0;
+  blockIdx.z = z;
   for (;;) {
     for (int i = 0; i < threads; ++i) {
       Thread& t = S.threads[i];
@@ -152,19 +152,25 @@ inline bool run_cta(unsigned x, unsigned y, int threads, int cta) {
   }
 }
 
-// A launch of grid (x, y) CTAs of `threads` threads, each thread running `body`, `before_cta`
-// (if any) before each CTA; false (with S.error) at the first CTA that fails.
-inline bool launch(long long grid_x, long long grid_y, int threads, std::function<void()> body,
+// A launch's grid, in CTAs.
+struct Grid {
+  long long x = 1, y = 1, z = 1;
+};
+
+// A launch of `grid` CTAs of `threads` threads, each thread running `body`, `before_cta` (if
+// any) before each CTA; false (with S.error) at the first CTA that fails.
+inline bool launch(Grid grid, int threads, std::function<void()> body,
                    const std::function<void()>& before_cta = {}) {
   S.error.clear();
   S.body = std::move(body);
   int cta = 0;
-  for (long long y = 0; y < grid_y; ++y)
-    for (long long x = 0; x < grid_x; ++x, ++cta) {
-      if (before_cta) before_cta();
-      if (!run_cta(static_cast<unsigned>(x), static_cast<unsigned>(y), threads, cta))
-        return false;
-    }
+  for (long long z = 0; z < grid.z; ++z)
+    for (long long y = 0; y < grid.y; ++y)
+      for (long long x = 0; x < grid.x; ++x, ++cta) {
+        if (before_cta) before_cta();
+        const auto u = [](long long v) { return static_cast<unsigned>(v); };
+        if (!run_cta(u(x), u(y), u(z), threads, cta)) return false;
+      }
   return true;
 }
 

@@ -19,8 +19,8 @@ namespace {
 
 template <typename Kernel>
 int launch(int64_t blocks, Kernel kernel) {
-  return emu::launch(blocks, 1, kWarpsPerBlock * emu::kLanes, kernel) ? cudaSuccess
-                                                                      : cudaErrorLaunchFailure;
+  const bool ok = emu::launch({blocks}, kWarpsPerBlock * emu::kLanes, kernel);
+  return ok ? cudaSuccess : cudaErrorLaunchFailure;
 }
 
 }  // namespace

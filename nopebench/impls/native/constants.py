@@ -6,8 +6,6 @@ them as compile-time constants from here, never as literals of their own.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 from nopebench import geometry as g
 
 # The row, as the kernels address it.
@@ -87,24 +85,17 @@ WIDE_PV_SPLIT_MIN_BLOCKS = 8
 # with helpers at 64-512 tokens, three slots 2-5% slower than two.
 WIDE_PAIR_SLOTS = 2
 
-
-# The register kernel (cuda/register_decode.cu, CUDA C++): the dequantized rows kept in
-# registers as mma.sync fragments, one warp per slice of the latent dims. A head block is one mma
-# M tile of 16 heads (4 warps, one a scale tile, 2 CTAs an SM) or two tiles sharing every
-# converted row (8 warps of 64 dims, 1 CTA an SM: the same warps and ring bytes an SM).
-class RegShape(NamedTuple):
-    warps: int
-    ctas_per_sm: int
-    stages: int  # cp.async ring slots (16 heads: 3 and 5 were slower on the H200)
-
-
-# Heads a CTA -> its shape, as the source's Shape<> gives it (the binding checks the library's).
-REG_SHAPES = {16: RegShape(warps=4, ctas_per_sm=2, stages=4), 32: RegShape(8, 1, 8)}
-REG_BLOCK_H = 16  # the head block the planner picks: 32 is built and tested, not yet timed
+# The register kernel (cuda/register_decode.cu, CUDA C++): 16 heads a CTA, 4 warps, one a scale
+# tile, the dequantized rows kept in registers as mma.sync fragments. A 32-head form (8 warps of
+# 64 dims sharing each converted row, 1 CTA an SM) was 0.41-0.91x of the planned kernels at every
+# 32-128-head shape on the H200 (results/reference/decode-tuning/register32/) and is not built.
+REG_BLOCK_H = 16  # the mma's M
 REG_BLOCK_N = 32  # keys a block
 REG_INDEX_CAP = 2208  # index entries a split stages in shared memory (kIndexCap in the source)
+REG_CTAS_PER_SM = 2  # 255 registers a thread, spill-free
+REG_STAGES = 4  # cp.async ring slots (kStages in the source; 3 and 5 were slower on the H200)
 # Where it is planned: 16 heads, one split, and at least this share of the CTA slots of its last
-# wave filled (2 CTAs an SM). On the H200 (16 heads, widths 2048 and 2176, NoPE and the
+# wave filled (REG_CTAS_PER_SM a SM). On the H200 (16 heads, widths 2048 and 2176, NoPE and the
 # shim, against the warp-specialised kernel) it was 1.06-1.28x faster at fills of 0.76-1.0
 # (200-264, 400-528, 700 and 1024 tokens); NoPE rows were 0.85-0.98x at 0.48-0.68 (128, 300,
 # 350 and 360 tokens), where a partly filled wave costs a whole one.

@@ -16,9 +16,10 @@ from nopebench.impls.native.constants import (
     HOPPER_SMEM,
     REG_BLOCK_H,
     REG_BLOCK_N,
+    REG_CTAS_PER_SM,
     REG_INDEX_CAP,
     REG_MIN_FILL,
-    REG_SHAPES,
+    REG_STAGES,
     RING_ROPE_BYTES,
     RING_ROW_BYTES,
     WIDE_BLOCK_H,
@@ -55,7 +56,7 @@ class LaunchPlan:
     prefetch: bool = True
     factored: bool = False
     # "triton": portable SM80+; "hopper", "hopper_ws", "hopper_wide": SM90 Gluon; "register":
-    # CUDA C++, 16 or 32 heads a CTA
+    # CUDA C++, 16 heads a CTA
     kernel: str = "triton"
     role_split: bool = (
         False  # hopper_ws: separate scorer and accumulator warpgroups, persistent grid
@@ -465,30 +466,16 @@ def plan_hopper_wide(
     )
 
 
-def check_register_heads(heads: int, block_h: int) -> None:
-    """ValueError unless the register kernel has a `block_h`-head CTA and `heads` is whole
-    blocks of it."""
-    if block_h not in REG_SHAPES:
-        raise ValueError(
-            f"the register kernel takes {sorted(REG_SHAPES)} heads a CTA, not {block_h}"
-        )
-    if heads % block_h:
-        raise ValueError(f"the register kernel takes heads in blocks of {block_h}, not {heads}")
-
-
 def plan_register(
-    heads: int,
-    width: int,
-    rope: bool = False,
-    splits: int | None = None,
-    block_h: int = REG_BLOCK_H,
+    heads: int, width: int, rope: bool = False, splits: int | None = None
 ) -> LaunchPlan:
-    """Launch shape for the register kernel: one CTA per (token, head block of `block_h`, split),
-    a fixed number an SM (`REG_SHAPES`), so the shape decides it without the token count. A
-    split stages its index entries in shared memory, so a width of more than REG_INDEX_CAP
-    entries takes several; by default no more than that (the kernel is planned where the tokens
-    alone fill the SMs, `register_fills`)."""
-    check_register_heads(heads, block_h)
+    """Launch shape for the register kernel: one CTA per (token, head block of 16, split),
+    REG_CTAS_PER_SM an SM, so the shape decides it without the token count. A split stages its
+    index entries in shared memory, so a width of more than REG_INDEX_CAP entries takes several;
+    by default no more than that (the kernel is planned where the tokens alone fill the SMs,
+    `register_fills`)."""
+    if heads % REG_BLOCK_H:
+        raise ValueError(f"the register kernel takes heads in blocks of {REG_BLOCK_H}, not {heads}")
     fewest = -(-width // REG_INDEX_CAP)
     splits = max(fewest, splits or fewest)
     blocks = -(-width // REG_BLOCK_N)
@@ -496,15 +483,14 @@ def plan_register(
     splits = -(-width // per_split)  # no empty splits
     if per_split > REG_INDEX_CAP:
         raise ValueError(f"a split of the register kernel takes at most {REG_INDEX_CAP} entries")
-    shape = REG_SHAPES[block_h]
     return LaunchPlan(
-        block_h,
-        heads // block_h,
+        REG_BLOCK_H,
+        heads // REG_BLOCK_H,
         REG_BLOCK_N,
         splits,
         per_split,
-        num_warps=shape.warps,
-        num_stages=shape.stages,
+        num_warps=4,
+        num_stages=REG_STAGES,
         prefetch=False,
         kernel="register",
         rope=rope,
@@ -512,11 +498,11 @@ def plan_register(
 
 
 def register_fills(tokens: int, heads: int, width: int, sms: int = DEFAULT_SMS) -> bool:
-    """Where the register kernel is planned, for NoPE and shim rows alike: one head block of
-    REG_BLOCK_H heads, the width in one split, and the CTAs filling at least REG_MIN_FILL of the
-    slots of their last wave, since a partly filled wave costs as much as a full one."""
+    """Where the register kernel is planned, for NoPE and shim rows alike: 16 heads, the width
+    in one split, and the CTAs filling at least REG_MIN_FILL of the slots of their last wave
+    (REG_CTAS_PER_SM an SM), since a partly filled wave costs as much as a full one."""
     if heads != REG_BLOCK_H or width > REG_INDEX_CAP or tokens <= 0:
         return False
-    slots = REG_SHAPES[REG_BLOCK_H].ctas_per_sm * sms
+    slots = REG_CTAS_PER_SM * sms
     waves = -(-tokens // slots)
     return tokens >= REG_MIN_FILL * waves * slots

@@ -1,8 +1,8 @@
 """The native register decode kernel (CUDA C++, `cuda/register_decode.cu`): its library, its
 ctypes binding and its launch.
 
-16 or 32 heads a CTA, the dequantized rows kept in registers as mma.sync fragments; one source
-for NoPE rows (512-wide QK) and for RoPE or shim rows (576-wide), the width chosen per launch.
+16 heads a CTA, the dequantized rows kept in registers as mma.sync fragments; one source for
+NoPE rows (512-wide QK) and for RoPE or shim rows (576-wide), the width chosen per launch.
 Built by the project's nvcc build (`cuda_build`) for the local GPU on first use, like the cache
 kernels; called with raw pointers on torch's current stream, so CUDA graphs capture it.
 """
@@ -19,10 +19,10 @@ from nopebench import cuda_build
 from nopebench import geometry as g
 from nopebench.cuda_build import Binding, CudaLibrary
 from nopebench.errors import SystemFailedError, UnsupportedError
-from nopebench.impls.native.constants import REG_BLOCK_N, REG_INDEX_CAP, REG_SHAPES
-from nopebench.impls.native.plans import LaunchPlan, check_register_heads
+from nopebench.impls.native.constants import REG_BLOCK_H, REG_BLOCK_N, REG_INDEX_CAP
+from nopebench.impls.native.plans import LaunchPlan
 
-ABI_VERSION = 2  # must equal kAbiVersion in cuda/register_decode.cuh
+ABI_VERSION = 1  # must equal kAbiVersion in cuda/register_decode.cuh
 
 REGISTER_LIBRARY = CudaLibrary(
     name="decode",
@@ -58,7 +58,6 @@ class Params(ctypes.Structure):
         ("width", ctypes.c_int),
         ("per_split", ctypes.c_int),
         ("splits", ctypes.c_int),
-        ("block_h", ctypes.c_int),
     ]
 
 
@@ -67,8 +66,7 @@ SIGNATURES = {
     "nopedecode_abi_version": ([], _i32),
     "nopedecode_params_bytes": ([], _i32),
     "nopedecode_index_cap": ([], _i32),
-    "nopedecode_shape": ([_i32, ctypes.POINTER(_i32)], _i32),  # block_h, out[3]
-    "nopedecode_smem_bytes": ([_i32, _i32], _i32),  # rope, block_h
+    "nopedecode_smem_bytes": ([_i32], _i32),  # rope
     "nopedecode_error_string": ([_i32], ctypes.c_char_p),
     # params, rope, stream
     "nopedecode_register_decode": ([ctypes.POINTER(Params), _i32, _ptr], _i32),
@@ -85,8 +83,8 @@ def load_library(device: torch.device) -> ctypes.CDLL:
 
 
 def check_library(lib: ctypes.CDLL) -> ctypes.CDLL:
-    """`lib` if its struct size, staged-index capacity and launch shapes are the ones this
-    binding and the planner assume, else RuntimeError naming the first that is not."""
+    """`lib` if its struct size and staged-index capacity are the ones this binding and the
+    planner assume, else RuntimeError naming the first that is not."""
     if lib.nopedecode_params_bytes() != ctypes.sizeof(Params):
         raise RuntimeError(
             f"the decode library's Params is {lib.nopedecode_params_bytes()} bytes, the "
@@ -97,13 +95,6 @@ def check_library(lib: ctypes.CDLL) -> ctypes.CDLL:
             f"the decode library stages {lib.nopedecode_index_cap()} index entries a split, the "
             f"planner plans for {REG_INDEX_CAP}"
         )
-    for block_h, shape in REG_SHAPES.items():
-        got = (_i32 * 3)()
-        if lib.nopedecode_shape(block_h, got) != 0 or tuple(got) != tuple(shape):
-            raise RuntimeError(
-                f"the decode library's {block_h}-head shape (warps, CTAs an SM, ring slots) is "
-                f"{tuple(got)}, the planner's {tuple(shape)}"
-            )
     return lib
 
 
@@ -131,10 +122,11 @@ def register_missing(device: int = 0) -> str | None:
     return None
 
 
-def check_operands(q: torch.Tensor, cache: torch.Tensor, heads: int, block_h: int) -> None:
-    """What this kernel needs beyond the decode contract (ValueError): whole head blocks, q rows
-    8-byte aligned (8-byte loads), rows 16-byte aligned (16-byte copies)."""
-    check_register_heads(heads, block_h)
+def check_operands(q: torch.Tensor, cache: torch.Tensor, heads: int) -> None:
+    """What this kernel needs beyond the decode contract (ValueError): whole 16-head blocks,
+    q rows 8-byte aligned (8-byte loads), rows 16-byte aligned (16-byte copies)."""
+    if heads % REG_BLOCK_H:
+        raise ValueError(f"the register kernel takes heads in blocks of {REG_BLOCK_H}, not {heads}")
     if q.stride(0) % 4 or q.stride(1) % 4 or q.data_ptr() % 8:
         raise ValueError("the register kernel needs q's token and head rows 8-byte aligned")
     if cache.data_ptr() % 16 or not cache.is_contiguous():
@@ -155,7 +147,7 @@ def launch(
     CPU tensors go to the library's CPU emulator, where one is loaded (the tests')."""
     tokens, heads, _ = q.shape
     splits, per_split = plan.splits, plan.entries_per_split
-    check_operands(q, cache, heads, plan.block_h)
+    check_operands(q, cache, heads)
     if per_split % REG_BLOCK_N or per_split > REG_INDEX_CAP:
         raise ValueError(
             f"a split takes a multiple of {REG_BLOCK_N} entries, at most {REG_INDEX_CAP}, "
@@ -186,7 +178,6 @@ def launch(
         width=indices.shape[1],
         per_split=per_split,
         splits=splits,
-        block_h=plan.block_h,
     )
     stream = torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else None
     code = lib.nopedecode_register_decode(ctypes.byref(params), int(bool(rope_dim)), stream)

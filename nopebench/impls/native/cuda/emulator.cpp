@@ -156,19 +156,18 @@ inline float __log2f(float x) { return log2f(x); }
 
 namespace {
 
-template <bool kRope, int kHeads>
+template <bool kRope>
 int launch(const nopedecode::Params& a) {
-  using S = nopedecode::Shape<kHeads>;
-  std::vector<uint8_t> smem(sizeof(nopedecode::Smem<kRope, kHeads>) + 128);
+  const size_t bytes = sizeof(nopedecode::Smem<kRope>);
+  std::vector<uint8_t> smem(bytes + 128);
   uint8_t* base = smem.data() + (128 - reinterpret_cast<uintptr_t>(smem.data()) % 128) % 128;
-  const size_t bytes = sizeof(nopedecode::Smem<kRope, kHeads>);
   auto before_cta = [&] {
     memset(base, 0xff, bytes);  // NaN e4m3 rows and scales, NaN partials
-    nopedecode::host::pending.assign(S::kThreads, {});
+    nopedecode::host::pending.assign(nopedecode::kThreads, {});
   };
+  const emu::Grid grid{a.tokens, a.splits, a.heads / nopedecode::kHeads};  // as the GPU launch
   const bool ok = emu::launch(
-      static_cast<long long>(a.tokens) * (a.heads / kHeads), a.splits, S::kThreads,
-      [&] { nopedecode::decode<kRope, kHeads>(a, base); }, before_cta);
+      grid, nopedecode::kThreads, [&] { nopedecode::decode<kRope>(a, base); }, before_cta);
   return ok ? cudaSuccess : cudaErrorLaunchFailure;
 }
 
@@ -186,8 +185,7 @@ int nopedecode_register_decode(const nopedecode::Params* a, int rope, void* stre
   if (a == nullptr) return cudaErrorInvalidValue;
   if (int e = nopedecode::check(*a, rope)) return e;
   if (a->tokens == 0) return 0;
-  if (a->block_h == 16) return rope ? launch<true, 16>(*a) : launch<false, 16>(*a);
-  return rope ? launch<true, 32>(*a) : launch<false, 32>(*a);
+  return rope ? launch<true>(*a) : launch<false>(*a);
 }
 
 }  // extern "C"

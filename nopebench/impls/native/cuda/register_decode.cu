@@ -1,30 +1,29 @@
-// Sparse MLA decode over packed fp8_ds_mla rows, 16 or 32 heads a CTA, the dequantized rows kept
-// in registers (SM89+: mma.sync, cp.async, movmatrix and the e4m3x2 conversion; planned on SM90).
+// Sparse MLA decode over packed fp8_ds_mla rows, 16 heads a CTA, the dequantized rows kept in
+// registers (SM89+: mma.sync, cp.async, movmatrix and the e4m3x2 conversion; planned on SM90).
 //
 // Row layout (nopebench/geometry.py): bytes 0:512 hold 512 e4m3 latent values in four tiles of
 // 128, bytes 512:528 four fp32 scales (one a tile), bytes 528:656 64 bf16 RoPE lanes (absent in
-// 528-byte rows). One source, one kernel per (QK width, heads a CTA): `register_decode_qk512_h*`
-// score the latent only (NoPE), `register_decode_qk576_h*` add the RoPE lanes (RoPE or the
-// zero-padded shim), so the two differ in one k-step and in the bytes a row brings, nothing else.
+// 528-byte rows). One source, two kernels: `register_decode_qk512` scores the latent only (NoPE),
+// `register_decode_qk576` adds the RoPE lanes (RoPE or the zero-padded shim), so the two differ
+// in one k-step and in the bytes a row brings, nothing else.
 //
-// One CTA is one (query token, split, head block). A head block is one mma M tile of 16 heads
-// (4 warps, 2 CTAs an SM) or two (8 warps, 1 CTA an SM: the same warps and ring bytes an SM).
-// Warp w owns latent dims [Dw, Dw + D), D = 512 / warps; per 32-key block:
-//   1. the block's raw rows arrive in a cp.async ring (warp w brings rows Rw .. Rw + R - 1,
-//      R = 32 / warps, one row per instruction);
-//   2. each warp converts its D dims of the 32 rows straight into mma.sync B fragments, once,
-//      rounding as the reference does (e4m3 -> f16 -> f32 * scale -> bf16), and computes the
-//      partial scores S_w = Q_w K_w^T of every M tile with them (the k order permuted so that one
-//      16-byte shared load feeds four k-steps);
-//   3. the partials are reduce-scattered through shared memory: warp w takes one (M tile, 8-key
-//      n-tile), sums it over the warps' partials and runs its softmax against a reference max
-//      shared by every warp, which moves only when a score passes it by 2^kTau (one
-//      __syncthreads_or a block tells every warp; the rare move rescales O and l and rewrites P);
-//   4. P goes back through shared memory, and the same K registers, transposed with movmatrix
-//      once, are the V fragments of O_w += P V_w for every M tile.
+// One CTA is one (query token, split, head block of 16): 4 warps, 2 CTAs an SM. Warp w owns
+// latent dims [128w, 128w + 128), which is scale tile w. Per 32-key block:
+//   1. the block's raw rows arrive in a cp.async ring (kStages slots; warp w brings rows
+//      8w .. 8w + 7, one row per instruction);
+//   2. each warp converts its 128 dims of the 32 rows straight into mma.sync B fragments,
+//      rounding as the reference does (e4m3 -> f16 -> f32 * scale -> bf16), and computes its
+//      partial scores S_w = Q_w K_w^T (the k order permuted so that one 16-byte shared load
+//      feeds four k-steps);
+//   3. the partials are reduce-scattered through shared memory: warp w sums keys 8w .. 8w + 7
+//      over the four partials and runs their softmax against a reference max shared by every
+//      warp, which moves only when a score passes it by 2^kTau (one __syncthreads_or a block
+//      tells every warp; the rare move rescales O and l and rewrites P);
+//   4. P goes back through shared memory, and the same K registers, transposed with movmatrix,
+//      are the V fragments of O_w += P V_w.
 // A split writes its normalized partial output and log-sum-exp; the combine kernel merges them.
-// The head blocks of one token are neighbouring CTAs, so they read its rows at about the same
-// time and all but the first find them in L2.
+// The algorithm is in register_decode.cuh; this file gives its device primitives as PTX, the
+// kernels and their launch.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -87,32 +86,28 @@ __device__ __forceinline__ uint32_t pack(float a, float b) {
 
 #include "register_decode.cuh"
 
-// One kernel per (QK width, heads a CTA): the launch bounds differ.
-#define NOPEDECODE_KERNEL(NAME, ROPE, HEADS)                                               \
-  extern "C" __global__ void __launch_bounds__(nopedecode::Shape<HEADS>::kThreads,         \
-                                               nopedecode::Shape<HEADS>::kMinBlocks)       \
-      NAME(const nopedecode::Params a) {                                                   \
-    extern __shared__ __align__(128) uint8_t smem[];                                       \
-    nopedecode::decode<ROPE, HEADS>(a, smem);                                              \
-  }
-NOPEDECODE_KERNEL(register_decode_qk512_h16, false, 16)
-NOPEDECODE_KERNEL(register_decode_qk576_h16, true, 16)
-NOPEDECODE_KERNEL(register_decode_qk512_h32, false, 32)
-NOPEDECODE_KERNEL(register_decode_qk576_h32, true, 32)
-#undef NOPEDECODE_KERNEL
+extern "C" __global__ void __launch_bounds__(nopedecode::kThreads, nopedecode::kMinBlocks)
+    register_decode_qk512(const nopedecode::Params a) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  nopedecode::decode<false>(a, smem);
+}
+
+extern "C" __global__ void __launch_bounds__(nopedecode::kThreads, nopedecode::kMinBlocks)
+    register_decode_qk576(const nopedecode::Params a) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  nopedecode::decode<true>(a, smem);
+}
 
 namespace nopedecode {
 
 constexpr int kMaxDevices = 64;  // devices whose shared-memory opt-in is remembered
 
-template <bool kRope, int kHeads>
+template <bool kRope>
 int launch(const Params& a, cudaStream_t stream) {
-  using S = Shape<kHeads>;
-  const int bytes = static_cast<int>(sizeof(Smem<kRope, kHeads>));
-  auto kernel = kRope ? (kHeads == 16 ? register_decode_qk576_h16 : register_decode_qk576_h32)
-                      : (kHeads == 16 ? register_decode_qk512_h16 : register_decode_qk512_h32);
-  // The shared-memory opt-in, once per device and kernel (outside any graph capture: the
-  // binding's first launch on a device is an eager one).
+  const int bytes = smem_bytes(kRope);
+  auto kernel = kRope ? register_decode_qk576 : register_decode_qk512;
+  // The shared-memory opt-in, once per device (outside any graph capture: the binding's first
+  // launch on a device is an eager one).
   static bool opted_in[kMaxDevices] = {};
   int device = 0;
   cudaError_t e = cudaGetDevice(&device);
@@ -123,9 +118,8 @@ int launch(const Params& a, cudaStream_t stream) {
     if (e != cudaSuccess) return static_cast<int>(e);
     opted_in[device] = true;
   }
-  // The head blocks of a token are neighbours (x = token * head blocks + head block).
-  const dim3 grid(a.tokens * (a.heads / kHeads), a.splits);
-  kernel<<<grid, S::kThreads, bytes, stream>>>(a);
+  const dim3 grid(a.tokens, a.splits, a.heads / kHeads);
+  kernel<<<grid, kThreads, bytes, stream>>>(a);
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -139,13 +133,11 @@ const char* nopedecode_error_string(int code) {
 
 // Sparse decode of `a.tokens` query tokens on `stream`; 0 or a cudaError_t code.
 int nopedecode_register_decode(const nopedecode::Params* a, int rope, void* stream) {
-  using nopedecode::launch;
   if (a == nullptr) return static_cast<int>(cudaErrorInvalidValue);
   if (int e = nopedecode::check(*a, rope)) return e;
   if (a->tokens == 0) return 0;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  if (a->block_h == 16) return rope ? launch<true, 16>(*a, s) : launch<false, 16>(*a, s);
-  return rope ? launch<true, 32>(*a, s) : launch<false, 32>(*a, s);
+  return rope ? nopedecode::launch<true>(*a, s) : nopedecode::launch<false>(*a, s);
 }
 
 }  // extern "C"
