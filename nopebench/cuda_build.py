@@ -165,14 +165,21 @@ def emulator_compiler() -> str | None:
     return shutil.which("g++") or shutil.which("c++")
 
 
+def emulator_missing() -> str | None:
+    """None where the CPU emulators can be built here, else why not, in one line."""
+    if emulator_compiler() is None or cuda_include_dir() is None:
+        return "the CPU emulator needs a C++ compiler and the CUDA headers"
+    return None
+
+
 def compile_emulator(library: CudaLibrary, out: Path) -> Path:
     """`library`'s kernels on the CPU: its `emulator.cpp` (the kernels' own source, run by
     `cuda/emulator.h`) built as a host shared library at `out`, exporting the library's C ABI.
     UnsupportedError without a C++ compiler or the CUDA headers (for their types);
     SystemFailedError with the compiler's first lines when it fails."""
+    if (why := emulator_missing()) is not None:
+        raise UnsupportedError(why)
     cxx, include = emulator_compiler(), cuda_include_dir()
-    if cxx is None or include is None:
-        raise UnsupportedError("the CPU emulator needs a C++ compiler and the CUDA headers")
     cmd = [
         cxx,
         "-std=c++17",

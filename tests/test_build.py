@@ -246,6 +246,14 @@ def test_missing_nvcc_is_unsupported(monkeypatch):
 # ---------------------------------------------------------------- the real compile-only build
 
 
+def test_an_emulator_without_a_host_compiler_is_unsupported_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(b, "emulator_compiler", lambda: None)
+    assert b.emulator_missing() == "the CPU emulator needs a C++ compiler and the CUDA headers"
+    with pytest.raises(UnsupportedError, match="^the CPU emulator needs a C"):
+        b.compile_emulator(REGISTER_LIBRARY, tmp_path / "lib.so")
+    assert not (tmp_path / "lib.so").exists()
+
+
 @needs_nvcc
 def test_compile_only_builds_three_loadable_libraries(capsys):
     """What `make ci` runs: sm_90a, sm_100a and sm_120a, for each the cache library and the

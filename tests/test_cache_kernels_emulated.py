@@ -17,10 +17,7 @@ from nopebench.cache_kernels.library import ABI_VERSION, CACHE_LIBRARY, declare
 from nopebench.checks import layout
 from nopebench.config import load_model_config
 
-pytestmark = pytest.mark.skipif(
-    b.emulator_compiler() is None or b.cuda_include_dir() is None,
-    reason="needs a C++ compiler and the CUDA headers",
-)
+pytestmark = pytest.mark.skipif(b.emulator_missing() is not None, reason=str(b.emulator_missing()))
 
 
 @pytest.fixture(scope="module")

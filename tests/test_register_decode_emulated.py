@@ -22,10 +22,7 @@ from nopebench.impls.native.constants import REG_BLOCK_N
 from nopebench.impls.native.plans import plan_register
 from nopebench.impls.native.register_library import LOG2E, REGISTER_LIBRARY, SIGNATURES
 
-pytestmark = pytest.mark.skipif(
-    b.emulator_compiler() is None or b.cuda_include_dir() is None,
-    reason="needs a C++ compiler and the CUDA headers",
-)
+pytestmark = pytest.mark.skipif(b.emulator_missing() is not None, reason=str(b.emulator_missing()))
 
 
 @pytest.fixture(scope="module")
