@@ -243,15 +243,15 @@ def test_missing_nvcc_is_unsupported(monkeypatch):
         b.toolchain()
 
 
-# ---------------------------------------------------------------- the real compile-only build
-
-
 def test_an_emulator_without_a_host_compiler_is_unsupported_in_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(b, "emulator_compiler", lambda: None)
     assert b.emulator_missing() == "the CPU emulator needs a C++ compiler and the CUDA headers"
     with pytest.raises(UnsupportedError, match="^the CPU emulator needs a C"):
         b.compile_emulator(REGISTER_LIBRARY, tmp_path / "lib.so")
     assert not (tmp_path / "lib.so").exists()
+
+
+# ---------------------------------------------------------------- the real compile-only build
 
 
 @needs_nvcc
