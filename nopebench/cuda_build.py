@@ -34,6 +34,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from nopebench import geometry as g
 from nopebench.config import REPO_ROOT
 from nopebench.errors import SystemFailedError, UnsupportedError, UsageError
 
@@ -55,6 +56,20 @@ BASE_FLAGS = ("-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-lineinfo"
 TARGET_RE = re.compile(r"^sm_(\d{2,3})([af]?)$")
 # Capabilities whose architecture-specific ("a") target the kernels are built for.
 ARCH_SPECIFIC = {(9, 0): "sm_90a", (10, 0): "sm_100a", (12, 0): "sm_120a"}
+# Headers every library shares: row_layout.h (the row, from ROW_DEFINES) and emulator.h (CUDA's
+# thread model on the CPU, for the emulators).
+CUDA_INCLUDE = Path(__file__).resolve().parent / "cuda"
+ROW_LAYOUT_HEADER = CUDA_INCLUDE / "row_layout.h"
+# The fp8_ds_mla row as `geometry` describes it, passed to every library as -D flags and named
+# by row_layout.h, so no CUDA source carries offsets of its own.
+ROW_DEFINES = (
+    ("NOPE_ROW_LATENT", g.LATENT_DIM),
+    ("NOPE_ROW_TILE", g.TILE),
+    ("NOPE_ROW_SCALE_OFFSET", g.SCALE_OFFSET),
+    ("NOPE_ROW_ROPE_OFFSET", g.ROPE_OFFSET),
+    ("NOPE_ROW_ROPE_DIM", g.ROPE_DIM),
+    ("NOPE_ROW_FULL_BYTES", g.FULL_ROW_BYTES),
+)
 
 
 @dataclass(frozen=True)
@@ -69,10 +84,22 @@ class CudaLibrary:
     filename: str  # the library file
     flags: tuple[str, ...]  # nvcc flags beyond BASE_FLAGS
     min_sm: int = 0  # targets below sm_<min_sm> are not built
+    # Compile-time constants the source takes from Python (beyond ROW_DEFINES), as (name, value)
+    defines: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def define_flags(self) -> tuple[str, ...]:
+        """The -D constants every compile of the source takes, GPU build or CPU emulator."""
+        return tuple(f"-D{name}={value}" for name, value in (*ROW_DEFINES, *self.defines))
+
+    @property
+    def include_flags(self) -> tuple[str, ...]:
+        """Where its includes are found (not part of the build hash: the headers' contents are)."""
+        return ("-I", str(CUDA_INCLUDE), "-I", str(self.source_dir))
 
     @property
     def all_flags(self) -> tuple[str, ...]:
-        return (*BASE_FLAGS, *self.flags)
+        return (*BASE_FLAGS, *self.define_flags, *self.flags)
 
     def builds_for(self, target: str) -> bool:
         return target_number(target) >= self.min_sm
@@ -156,7 +183,6 @@ def cuda_include_dir() -> Path | None:
     return next((c for c in candidates if (c / "cuda_runtime.h").is_file()), None)
 
 
-EMULATOR_INCLUDE = Path(__file__).resolve().parent / "cuda"  # emulator.h, the thread model
 EMULATOR_SOURCE = "emulator.cpp"
 
 
@@ -192,10 +218,8 @@ def compile_emulator(library: CudaLibrary, out: Path) -> Path:
         "c++",
         "-I",
         str(include),
-        "-I",
-        str(EMULATOR_INCLUDE),
-        "-I",
-        str(library.source_dir),
+        *library.include_flags,
+        *library.define_flags,
         "-o",
         str(out),
         str(library.source_dir / EMULATOR_SOURCE),
@@ -277,11 +301,12 @@ def gencode(target: str) -> tuple[str, ...]:
 
 
 def source_files(library: CudaLibrary) -> list[Path]:
-    """The library's translation unit and every header beside it (all can change the binary)."""
+    """The library's translation unit, every header beside it and the shared row layout (all
+    can change the binary)."""
     main = library.source_dir / library.source
     if not main.is_file():
         raise UsageError(f"{main}: kernel source not found")
-    return [main, *sorted(library.source_dir.glob("*.cuh"))]
+    return [main, *sorted(library.source_dir.glob("*.cuh")), ROW_LAYOUT_HEADER]
 
 
 def build_digest(
@@ -383,8 +408,7 @@ def _compile(
     cmd = [
         str(tools.nvcc),
         *flags,
-        "-I",
-        str(library.source_dir),
+        *library.include_flags,
         "-o",
         str(work / library.filename),
         str(library.source_dir / library.source),

@@ -7,12 +7,14 @@ import ctypes
 import dataclasses
 import os
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from nopebench import cuda_build as b
+from nopebench import geometry as g
 from nopebench.cache_kernels.library import ABI_VERSION, CACHE_LIBRARY, declare
 from nopebench.cli import app
 from nopebench.commands import build as command
@@ -149,6 +151,19 @@ def test_changed_source_flags_target_or_force_rebuild(tmp_path, fake_tools):
     newer = b.Toolchain(tools.nvcc, tools.version_text + " update 1")
     b.build_library("sm_90a", at(src), root=root, tools=newer)
     assert calls(counter) == 6
+    shaped = at(src, defines=(("NOPEDECODE_STAGES", 3),))  # a constant the source takes
+    assert "-DNOPEDECODE_STAGES=3" in shaped.all_flags
+    b.build_library("sm_90a", shaped, root=root, tools=tools)
+    assert calls(counter) == 7
+
+
+def test_every_library_reads_the_shared_row_layout():
+    """row_layout.h is a source of both libraries (a change rebuilds them), found on their include
+    path, and its values come from geometry as -D flags."""
+    for library in command.LIBRARIES:
+        assert b.ROW_LAYOUT_HEADER in b.source_files(library)
+        assert str(b.CUDA_INCLUDE) in library.include_flags
+        assert f"-DNOPE_ROW_ROPE_OFFSET={g.ROPE_OFFSET}" in library.all_flags
 
 
 def test_ptxas_resources_are_recorded(tmp_path, fake_tools):
@@ -249,6 +264,37 @@ def test_an_emulator_without_a_host_compiler_is_unsupported_in_one_line(tmp_path
     with pytest.raises(UnsupportedError, match="^the CPU emulator needs a C"):
         b.compile_emulator(REGISTER_LIBRARY, tmp_path / "lib.so")
     assert not (tmp_path / "lib.so").exists()
+
+
+def _compile_layout(tmp_path: Path, defines: tuple[str, ...]) -> tuple[int, str]:
+    """A host program printing row_layout.h's constants, compiled with `defines`: (exit, output
+    or the compiler's error)."""
+    src = tmp_path / "layout.cpp"
+    src.write_text(
+        '#include <stdio.h>\n#include "row_layout.h"\n'
+        'int main() { printf("%d %d %d %d %d\\n", nope_row::kLatent, nope_row::kScaleOffset, '
+        "nope_row::kRopeOffset, nope_row::kFullRow, nope_row::kUpconvert); }\n"
+    )
+    exe = tmp_path / "layout"
+    cmd = [b.emulator_compiler(), "-std=c++17", "-I", str(b.CUDA_INCLUDE), *defines]
+    proc = subprocess.run([*cmd, "-o", str(exe), str(src)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        return proc.returncode, proc.stderr
+    return 0, subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
+
+
+@pytest.mark.skipif(b.emulator_compiler() is None, reason="no host C++ compiler")
+def test_the_row_layout_header_takes_geometry_and_refuses_anything_else(tmp_path):
+    flags = CACHE_LIBRARY.define_flags
+    rc, out = _compile_layout(tmp_path, flags)
+    assert rc == 0, out
+    expected = (g.LATENT_DIM, g.SCALE_OFFSET, g.ROPE_OFFSET, g.FULL_ROW_BYTES, g.UPCONVERT_DIM)
+    assert tuple(int(v) for v in out.split()) == expected
+    rc, out = _compile_layout(tmp_path, ())  # compiled outside the package's build
+    assert rc != 0 and "build through nopebench.cuda_build" in out
+    moved = tuple(f if "ROPE_OFFSET" not in f else "-DNOPE_ROW_ROPE_OFFSET=532" for f in flags)
+    rc, out = _compile_layout(tmp_path, moved)  # a layout the kernels' lane maps do not fit
+    assert rc != 0 and "one fp32 scale a tile" in out
 
 
 # ---------------------------------------------------------------- the real compile-only build

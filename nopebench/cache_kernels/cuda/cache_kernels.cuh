@@ -1,6 +1,6 @@
 // fp8_ds_mla KV-cache kernels: the NoPE-aware cache write and the gather/upconvert.
 //
-// Row layout (nopebench/geometry.py), row_bytes = 656 or 528 (compact NoPE rows):
+// Row layout (nopebench/cuda/row_layout.h), row_bytes = 656 or 528 (compact NoPE rows):
 //   0:512    512 float8_e4m3fn latent values, 4 tiles of 128
 //   512:528  4 float32 scales, one per tile
 //   528:656  64 bf16 RoPE values; all zero for NoPE (absent in 528-byte rows)
@@ -18,17 +18,18 @@
 #include <stdint.h>
 
 #include "ds_mla_numerics.cuh"
+#include "row_layout.h"
 
 namespace nopecache {
 
 constexpr int kAbiVersion = 2;
-constexpr int kLatent = 512;
-constexpr int kScaleOffset = 512;
-constexpr int kRopeOffset = 528;
-constexpr int kFullRow = 656;
-constexpr int kNopeRow = 528;
-constexpr int kRopeDim = 64;
-constexpr int kOutDim = 576;
+constexpr int kLatent = nope_row::kLatent;
+constexpr int kScaleOffset = nope_row::kScaleOffset;
+constexpr int kRopeOffset = nope_row::kRopeOffset;
+constexpr int kFullRow = nope_row::kFullRow;
+constexpr int kNopeRow = nope_row::kNopeRow;
+constexpr int kRopeDim = nope_row::kRopeDim;
+constexpr int kOutDim = nope_row::kUpconvert;
 constexpr int kWarpsPerBlock = 8;
 constexpr int kThreads = 32 * kWarpsPerBlock;
 // Blocks per SM asked of the compiler: full occupancy (2048 or 1536 threads per SM) for the

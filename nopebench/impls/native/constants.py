@@ -89,11 +89,12 @@ WIDE_PAIR_SLOTS = 2
 # tile, the dequantized rows kept in registers as mma.sync fragments. A 32-head form (8 warps of
 # 64 dims sharing each converted row, 1 CTA an SM) was 0.41-0.91x of the planned kernels at every
 # 32-128-head shape on the H200 (results/reference/decode-tuning/register32/) and is not built.
+# The build passes these five to the source as -DNOPEDECODE_* flags (register_library).
 REG_BLOCK_H = 16  # the mma's M
 REG_BLOCK_N = 32  # keys a block
-REG_INDEX_CAP = 2208  # index entries a split stages in shared memory (kIndexCap in the source)
+REG_INDEX_CAP = 2208  # index entries a split stages in shared memory
 REG_CTAS_PER_SM = 2  # 255 registers a thread, spill-free
-REG_STAGES = 4  # cp.async ring slots (kStages in the source; 3 and 5 were slower on the H200)
+REG_STAGES = 4  # cp.async ring slots (3 and 5 were slower on the H200)
 # Where it is planned: 16 heads, one split, and at least this share of the CTA slots of its last
 # wave filled (REG_CTAS_PER_SM a SM). On the H200 (16 heads, widths 2048 and 2176, NoPE and the
 # shim, against the warp-specialised kernel) it was 1.06-1.28x faster at fills of 0.76-1.0

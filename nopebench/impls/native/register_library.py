@@ -19,7 +19,13 @@ from nopebench import cuda_build
 from nopebench import geometry as g
 from nopebench.cuda_build import Binding, CudaLibrary
 from nopebench.errors import SystemFailedError, UnsupportedError
-from nopebench.impls.native.constants import REG_BLOCK_H, REG_BLOCK_N, REG_INDEX_CAP
+from nopebench.impls.native.constants import (
+    REG_BLOCK_H,
+    REG_BLOCK_N,
+    REG_CTAS_PER_SM,
+    REG_INDEX_CAP,
+    REG_STAGES,
+)
 from nopebench.impls.native.plans import LaunchPlan
 
 ABI_VERSION = 1  # must equal kAbiVersion in cuda/register_decode.cuh
@@ -34,6 +40,14 @@ REGISTER_LIBRARY = CudaLibrary(
     # round-to-nearest ones, which contraction never fuses.
     flags=("-ftz=false", "-prec-div=true"),
     min_sm=89,  # the e4m3x2 conversion
+    # The kernel's shape, as the planner plans it (the source checks what it assumes of them).
+    defines=(
+        ("NOPEDECODE_HEADS", REG_BLOCK_H),
+        ("NOPEDECODE_BLOCK_N", REG_BLOCK_N),
+        ("NOPEDECODE_STAGES", REG_STAGES),
+        ("NOPEDECODE_MIN_BLOCKS", REG_CTAS_PER_SM),
+        ("NOPEDECODE_INDEX_CAP", REG_INDEX_CAP),
+    ),
 )
 
 

@@ -1,11 +1,11 @@
 // Sparse MLA decode over packed fp8_ds_mla rows, 16 heads a CTA, the dequantized rows kept in
 // registers (SM89+: mma.sync, cp.async, movmatrix and the e4m3x2 conversion; planned on SM90).
 //
-// Row layout (nopebench/geometry.py): bytes 0:512 hold 512 e4m3 latent values in four tiles of
-// 128, bytes 512:528 four fp32 scales (one a tile), bytes 528:656 64 bf16 RoPE lanes (absent in
-// 528-byte rows). One source, two kernels: `register_decode_qk512` scores the latent only (NoPE),
-// `register_decode_qk576` adds the RoPE lanes (RoPE or the zero-padded shim), so the two differ
-// in one k-step and in the bytes a row brings, nothing else.
+// Row layout (nopebench/cuda/row_layout.h): bytes 0:512 hold 512 e4m3 latent values in four
+// tiles of 128, bytes 512:528 four fp32 scales (one a tile), bytes 528:656 64 bf16 RoPE lanes
+// (absent in 528-byte rows). One source, two kernels: `register_decode_qk512` scores the latent
+// only (NoPE), `register_decode_qk576` adds the RoPE lanes (RoPE or the zero-padded shim), so the
+// two differ in one k-step and in the bytes a row brings, nothing else.
 //
 // One CTA is one (query token, split, head block of 16): 4 warps, 2 CTAs an SM. Warp w owns
 // latent dims [128w, 128w + 128), which is scale tile w. Per 32-key block:

@@ -12,21 +12,33 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "row_layout.h"
+
+// The kernel's shape, from nopebench/impls/native/constants.py (the planner's REG_* values),
+// passed by the package's build as -D flags.
+#if !defined(NOPEDECODE_HEADS) || !defined(NOPEDECODE_BLOCK_N) || !defined(NOPEDECODE_STAGES) || \
+    !defined(NOPEDECODE_MIN_BLOCKS) || !defined(NOPEDECODE_INDEX_CAP)
+#error "the register kernel's shape comes from constants.py as -DNOPEDECODE_* flags: build through nopebench.cuda_build"
+#endif
+
 namespace nopedecode {
 
 constexpr int kAbiVersion = 1;
-constexpr int kLatent = 512;
-constexpr int kScaleOffset = 512;
-constexpr int kRopeOffset = 528;
-constexpr int kBlockN = 32;   // keys a block
-constexpr int kWarps = 4;     // one a scale tile
+constexpr int kLatent = nope_row::kLatent;
+constexpr int kScaleOffset = nope_row::kScaleOffset;
+constexpr int kRopeOffset = nope_row::kRopeOffset;
+constexpr int kBlockN = NOPEDECODE_BLOCK_N;        // keys a block
+constexpr int kWarps = nope_row::kTiles;           // one a scale tile
 constexpr int kThreads = 32 * kWarps;
-constexpr int kHeads = 16;    // the mma's M: heads a CTA
-constexpr int kStages = 4;    // ring slots (3 and 5 were slower on the H200)
-constexpr int kMinBlocks = 2; // CTAs an SM: 255 registers a thread, no spills
-constexpr int kIndexCap = 2208;  // index entries of one split staged in shared memory
-constexpr float kTau = 8.f;   // log2 of how far a score may pass the reference max
+constexpr int kHeads = NOPEDECODE_HEADS;           // heads a CTA
+constexpr int kStages = NOPEDECODE_STAGES;         // cp.async ring slots
+constexpr int kMinBlocks = NOPEDECODE_MIN_BLOCKS;  // CTAs an SM the registers are budgeted for
+constexpr int kIndexCap = NOPEDECODE_INDEX_CAP;    // index entries a split stages in shared memory
+constexpr float kTau = 8.f;  // log2 of how far a score may pass the reference max
 constexpr unsigned kFull = 0xffffffffu;
+static_assert(kHeads == 16, "a CTA's heads are the mma's M");
+static_assert(kBlockN == 8 * kWarps, "each warp brings eight rows of a block and scores one n-tile");
+static_assert(kStages >= 2 && kIndexCap % kBlockN == 0, "a ring of two slots or more, whole blocks");
 
 // Everything a launch needs; the Python binding mirrors this struct field for field.
 struct Params {
@@ -51,7 +63,7 @@ struct Params {
 
 template <bool kRope>
 struct Smem {
-  static constexpr int kRow = kRope ? 656 : 528;  // what the ring keeps of a row
+  static constexpr int kRow = kRope ? nope_row::kFullRow : nope_row::kNopeRow;  // what the ring keeps
   uint8_t rows[kStages][kBlockN * kRow];
   int index[kIndexCap];        // the split's entries, -1 past its end up to a whole block
   float4 partial[kWarps][4][32];  // partial scores: [warp][n-tile][lane], one buffer
@@ -334,8 +346,8 @@ inline int check(const Params& a, bool rope) {
       a.per_split > 0 && a.per_split % kBlockN == 0 && a.per_split <= kIndexCap &&
       (long long)a.per_split * a.splits >= a.width &&
       (long long)a.per_split * (a.splits - 1) < a.width &&
-      (a.row_bytes == 656 || (!rope && a.row_bytes == 528)) && a.q_stride_t % 4 == 0 &&
-      a.q_stride_h % 4 == 0 && reinterpret_cast<uintptr_t>(a.q) % 8 == 0 &&
+      (a.row_bytes == nope_row::kFullRow || (!rope && a.row_bytes == nope_row::kNopeRow)) &&
+      a.q_stride_t % 4 == 0 && a.q_stride_h % 4 == 0 && reinterpret_cast<uintptr_t>(a.q) % 8 == 0 &&
       reinterpret_cast<uintptr_t>(a.cache) % 16 == 0 && a.splits <= 65535 &&
       a.heads / kHeads <= 65535;
   return ok ? 0 : static_cast<int>(cudaErrorInvalidValue);
