@@ -37,8 +37,8 @@ constexpr int kIndexCap = NOPEDECODE_INDEX_CAP;    // index entries a split stag
 constexpr float kTau = 8.f;  // log2 of how far a score may pass the reference max
 constexpr unsigned kFull = 0xffffffffu;
 static_assert(kHeads == 16, "a CTA's heads are the mma's M");
-static_assert(kBlockN == 8 * kWarps, "each warp brings eight rows of a block and scores one n-tile");
-static_assert(kStages >= 2 && kIndexCap % kBlockN == 0, "a ring of two slots or more, whole blocks");
+static_assert(kBlockN == 8 * kWarps, "each warp brings and scores eight rows of a block");
+static_assert(kStages >= 2 && kIndexCap % kBlockN == 0, "two ring slots or more; whole blocks");
 
 // Everything a launch needs; the Python binding mirrors this struct field for field.
 struct Params {
@@ -63,7 +63,8 @@ struct Params {
 
 template <bool kRope>
 struct Smem {
-  static constexpr int kRow = kRope ? nope_row::kFullRow : nope_row::kNopeRow;  // what the ring keeps
+  // what the ring keeps of a row
+  static constexpr int kRow = kRope ? nope_row::kFullRow : nope_row::kNopeRow;
   uint8_t rows[kStages][kBlockN * kRow];
   int index[kIndexCap];        // the split's entries, -1 past its end up to a whole block
   float4 partial[kWarps][4][32];  // partial scores: [warp][n-tile][lane], one buffer
