@@ -92,6 +92,7 @@ WIDE_PAIR_SLOTS = 2
 # The build passes these five to the source as -DNOPEDECODE_* flags (register_library).
 REG_BLOCK_H = 16  # the mma's M
 REG_BLOCK_N = 32  # keys a block
+REG_WARPS = 4  # warps a CTA, each owning 512 / REG_WARPS latent dims (4 or 8)
 REG_INDEX_CAP = 2208  # index entries a split stages in shared memory
 REG_CTAS_PER_SM = 2  # 255 registers a thread, spill-free
 REG_STAGES = 4  # cp.async ring slots (3 and 5 were slower on the H200)
