@@ -30,8 +30,6 @@ run 8 2176 16x256,16x512,32x512 w8-2176-r1
 run 4 2176 16x256,16x512,32x512 w4-2176-r1
 run 8 2176 16x256,16x512,32x512 w8-2176-r2
 run 4 2176 16x256,16x512,32x512 w4-2176-r2
-run 8 2048 16x512 w8-2048-r1
-run 4 2048 16x512 w4-2048-r1
 warps 4
 cd /tmp/tune && tar -czf $OUT/tune.tar.gz . && cd - > /dev/null
 python3 - <<'PY' | tee $OUT/summary.txt
