@@ -25,20 +25,10 @@ from nopebench.impls.native.register_library import LOG2E, REGISTER_LIBRARY, SIG
 pytestmark = pytest.mark.skipif(b.emulator_missing() is not None, reason=str(b.emulator_missing()))
 
 
-@pytest.fixture(scope="module", params=[4, 8], ids=lambda w: f"{w}warps")
-def emulated_lib(request, tmp_path_factory) -> ctypes.CDLL:
-    """The emulated kernel with 4 and with 8 warps a CTA (the build constant REG_WARPS picks
-    the product's), its other constants the product's."""
-    warps = request.param
-    library = dataclasses.replace(
-        REGISTER_LIBRARY,
-        defines=tuple(
-            (name, warps if name == "NOPEDECODE_WARPS" else value)
-            for name, value in REGISTER_LIBRARY.defines
-        ),
-    )
-    out = tmp_path_factory.mktemp("emulator") / f"libnopedecode_emulated_{warps}.so"
-    lib = b.declare(ctypes.CDLL(str(b.compile_emulator(library, out))), SIGNATURES)
+@pytest.fixture(scope="module")
+def emulated_lib(tmp_path_factory) -> ctypes.CDLL:
+    out = tmp_path_factory.mktemp("emulator") / "libnopedecode_emulated.so"
+    lib = b.declare(ctypes.CDLL(str(b.compile_emulator(REGISTER_LIBRARY, out))), SIGNATURES)
     assert lib.nopedecode_abi_version() == register_library.ABI_VERSION
     return register_library.check_library(lib)  # struct size, index capacity, shapes
 

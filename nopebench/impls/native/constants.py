@@ -89,10 +89,11 @@ WIDE_PAIR_SLOTS = 2
 # tile, the dequantized rows kept in registers as mma.sync fragments. A 32-head form (8 warps of
 # 64 dims sharing each converted row, 1 CTA an SM) was 0.41-0.91x of the planned kernels at every
 # 32-128-head shape on the H200 (results/reference/decode-tuning/register32/) and is not built.
+# Nor is an 8-warp form of the 16-head kernel (64 dims a warp, 128 registers, 16 warps an SM): on
+# an H100 it was 1.05-1.12x slower than this 4-warp one (results/reference/decode-tuning/reg8/).
 # The build passes these five to the source as -DNOPEDECODE_* flags (register_library).
 REG_BLOCK_H = 16  # the mma's M
 REG_BLOCK_N = 32  # keys a block
-REG_WARPS = 4  # warps a CTA, each owning 512 / REG_WARPS latent dims (4 or 8)
 REG_INDEX_CAP = 2208  # index entries a split stages in shared memory
 REG_CTAS_PER_SM = 2  # 255 registers a thread, spill-free
 REG_STAGES = 4  # cp.async ring slots (3 and 5 were slower on the H200)

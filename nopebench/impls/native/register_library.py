@@ -25,7 +25,6 @@ from nopebench.impls.native.constants import (
     REG_CTAS_PER_SM,
     REG_INDEX_CAP,
     REG_STAGES,
-    REG_WARPS,
 )
 from nopebench.impls.native.plans import LaunchPlan
 
@@ -48,7 +47,6 @@ REGISTER_LIBRARY = CudaLibrary(
         ("NOPEDECODE_STAGES", REG_STAGES),
         ("NOPEDECODE_MIN_BLOCKS", REG_CTAS_PER_SM),
         ("NOPEDECODE_INDEX_CAP", REG_INDEX_CAP),
-        ("NOPEDECODE_WARPS", REG_WARPS),
     ),
 )
 

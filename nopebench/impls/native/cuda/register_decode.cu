@@ -7,20 +7,18 @@
 // only (NoPE), `register_decode_qk576` adds the RoPE lanes (RoPE or the zero-padded shim), so the
 // two differ in one k-step and in the bytes a row brings, nothing else.
 //
-// One CTA is one (query token, split, head block of 16): kWarps warps (4 or 8, a build
-// constant), 2 CTAs an SM. Warp w owns latent dims [kDims w, kDims (w + 1)), kDims = 512 /
-// kWarps, which lie in one scale tile. Per 32-key block:
-//   1. the block's raw rows arrive in a cp.async ring (kStages slots; each warp brings 32 /
-//      kWarps of the rows, one row per instruction);
-//   2. each warp converts its dims of the 32 rows straight into mma.sync B fragments, rounding
-//      as the reference does (e4m3 -> f16 -> f32 * scale -> bf16), and computes its partial
-//      scores S_w = Q_w K_w^T (the k order permuted so that one 16-byte shared load feeds four
-//      k-steps);
-//   3. the partials are reduce-scattered through shared memory: each warp sums one n-tile of 8
-//      keys (both halves of the 16 heads with 4 warps, one half with 8) over all the partials
-//      and runs their softmax against a reference max shared by every warp, which moves only
-//      when a score passes it by 2^kTau (one __syncthreads_or a block tells every warp; the rare
-//      move rescales O and l and rewrites P);
+// One CTA is one (query token, split, head block of 16): 4 warps, 2 CTAs an SM. Warp w owns
+// latent dims [128w, 128w + 128), which is scale tile w. Per 32-key block:
+//   1. the block's raw rows arrive in a cp.async ring (kStages slots; warp w brings rows
+//      8w .. 8w + 7, one row per instruction);
+//   2. each warp converts its 128 dims of the 32 rows straight into mma.sync B fragments,
+//      rounding as the reference does (e4m3 -> f16 -> f32 * scale -> bf16), and computes its
+//      partial scores S_w = Q_w K_w^T (the k order permuted so that one 16-byte shared load
+//      feeds four k-steps);
+//   3. the partials are reduce-scattered through shared memory: warp w sums keys 8w .. 8w + 7
+//      over the four partials and runs their softmax against a reference max shared by every
+//      warp, which moves only when a score passes it by 2^kTau (one __syncthreads_or a block
+//      tells every warp; the rare move rescales O and l and rewrites P);
 //   4. P goes back through shared memory, and the same K registers, transposed with movmatrix,
 //      are the V fragments of O_w += P V_w.
 // A split writes its normalized partial output and log-sum-exp; the combine kernel merges them.
