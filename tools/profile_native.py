@@ -8,6 +8,8 @@
         python3 tools/profile_native.py --ws --heads 16 --tokens 512
     ncu --clock-control none -k regex:hopper_wide --launch-skip 2 --launch-count 1 \
         python3 tools/profile_native.py --wide --heads 64 --tokens 512
+    ncu --clock-control none -k regex:register_decode --launch-skip 2 --launch-count 1 \
+        python3 tools/profile_native.py --register --heads 16 --tokens 512
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from nopebench.impls.native.plans import (
     plan_hopper_wide,
     plan_hopper_ws,
     plan_launch,
+    plan_register,
 )
 
 
@@ -45,6 +48,9 @@ def main() -> None:
         "--ws", action="store_true", help="the warp-specialised SM90 kernel (--splits applies)"
     )
     ap.add_argument("--wide", action="store_true", help="the 64-head SM90 kernel")
+    ap.add_argument(
+        "--register", action="store_true", help="the CUDA C++ register kernel (--splits applies)"
+    )
     ap.add_argument("--rope", action="store_true", help="576-wide QK (shim rows)")
     args = ap.parse_args()
     rows, width, active = 1 << 20, 2176, 2051
@@ -86,6 +92,8 @@ def main() -> None:
         plan = plan_hopper_ws(args.tokens, args.heads, width, splits=args.splits, rope=bool(rope))
     if args.wide:
         plan = plan_hopper_wide(args.tokens, args.heads, width, splits=args.splits, rope=bool(rope))
+    if args.register:
+        plan = plan_register(args.heads, width, rope=bool(rope), splits=args.splits)
     for _ in range(4):
         native_decode(q, cache, idx, 0.0625, rope, plan)
     torch.cuda.synchronize()
