@@ -99,20 +99,25 @@ __device__ __forceinline__ void decode(const Params& a, uint8_t* smem_raw) {
   for (int o = 16; o; o >>= 1) last = max(last, __shfl_xor_sync(kFull, last, o));
   if (lane == 0) sm.last_valid[w] = last;
 
-  // Warp w brings rows 8w .. 8w + 7 of a block: lane l takes row 8w + l % 8 and its 16-byte
-  // chunks l / 8 + 4i, eight of the latent and, past them, the scales (and the RoPE lanes), so
-  // each lane addresses one row.
-  constexpr int kTail = (kRow - kLatent) / 16;  // chunks past the latent: 1, or 9 with RoPE
-  const int my_row = 8 * w + (lane & 7), chunk0 = lane >> 3;
+  // Warp w brings rows 8w .. 8w + 7 of a block, one row per instruction (lane l: latent bytes
+  // [16l, 16l + 16)), lane 0 also the scales, lanes 0-8 the scales and the RoPE lanes.
+  // Lanes 0-7 hold the index entries of the warp's eight rows.
+  const int my_row = 8 * w + (lane & 7);
   auto issue = [&](int stage, int my_idx) {
-    const bool v = my_idx >= 0;
-    const uint8_t* src = a.cache + (v ? (long long)my_idx * a.row_bytes : 0) + 16 * chunk0;
-    uint8_t* dst = sm.rows[stage] + my_row * kRow + 16 * chunk0;
+    uint8_t* base = sm.rows[stage] + 8 * w * kRow;
 #pragma unroll
-    for (int i = 0; i < kLatent / 64; ++i) cp16(dst + 64 * i, src + 64 * i, v);
-#pragma unroll
-    for (int i = 0; i < (kTail + 3) / 4; ++i)
-      if (chunk0 + 4 * i < kTail) cp16(dst + kLatent + 64 * i, src + kLatent + 64 * i, v);
+    for (int k = 0; k < 8; ++k) {
+      const int ri = __shfl_sync(kFull, my_idx, k);
+      const bool v = ri >= 0;
+      const uint8_t* src = a.cache + (v ? (long long)ri * a.row_bytes : 0);
+      uint8_t* dst = base + k * kRow;
+      cp16(dst + 16 * lane, src + 16 * lane, v);
+      if (kRope) {
+        if (lane < 9) cp16(dst + kScaleOffset + 16 * lane, src + kScaleOffset + 16 * lane, v);
+      } else if (lane == 0) {
+        cp16(dst + kScaleOffset, src + kScaleOffset, v);
+      }
+    }
   };
 
   // q's A fragments for warp w: logical k {2c, 2c + 1} of k-step s is dim 128w + 32c + 4s +

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Device call: the register kernel with each lane bringing chunks of one row (the tree's source)
-# against the loader before it (register_decode_before.cuh: one row per warp instruction, each
-# row's address computed and shuffled in every lane), 16 heads. The register kernel's GPU tests
-# first, then each form in a process of its own (the source swapped in the device's copy),
+# Device call: the register kernel with each lane bringing chunks of one row (loader.diff, applied
+# to the device's copy) against the tree's loader (one row per warp instruction, each row's
+# address computed and shuffled in every lane), 16 heads. The register kernel's GPU tests with
+# loader.diff first, then each form in a process of its own (the source swapped in the copy),
 # alternating new, before, new, before at width 2176 and new, before at 2048; each process also
 # times the warp-specialised Gluon kernel at the same shapes as a fixed reference.
 set -uo pipefail
@@ -11,6 +11,8 @@ export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 COLUMNS=200
 T0=$(date +%s)
 nvidia-smi > $OUT/nvidia-smi.txt 2>&1; date -u >> $OUT/nvidia-smi.txt; echo "${SHA:-unset}" >> $OUT/nvidia-smi.txt
 K=nopebench/impls/native/cuda/register_decode.cuh
+cp $K /tmp/before.cuh
+git apply results/reference/decode-tuning/reg-loader/loader.diff || { echo "loader.diff does not apply"; exit 1; }
 cp $K /tmp/new.cuh
 echo "== gpu tests"
 timeout 100 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_native_decode.py -k register > $OUT/gpu_register.log 2>&1
@@ -18,7 +20,7 @@ echo "rc $? after $(( $(date +%s) - T0 )) s"; tail -2 $OUT/gpu_register.log
 V='[{"kernel":"register"},{"kernel":"hopper_ws"}]'
 mkdir -p /tmp/tune
 run() {  # form width cases tag
-  if [ $1 = new ]; then cp /tmp/new.cuh $K; else cp results/reference/decode-tuning/reg-loader/register_decode_before.cuh $K; fi
+  if [ $1 = new ]; then cp /tmp/new.cuh $K; else cp /tmp/before.cuh $K; fi
   echo "== $4 at $(( $(date +%s) - T0 )) s"
   OUT=/tmp/tune/$4 timeout 60 python3 tools/tune_native.py --hopper --variants "$V" --cases $3 \
     --width $2 --modes nope,shim > /tmp/tune/$4.log 2>&1
@@ -30,7 +32,7 @@ run new 2176 16x256,16x512 new-2176-r2
 run before 2176 16x256,16x512 before-2176-r2
 run new 2048 16x512 new-2048-r1
 run before 2048 16x512 before-2048-r1
-cp /tmp/new.cuh $K
+cp /tmp/before.cuh $K
 cd /tmp/tune && tar -czf $OUT/tune.tar.gz . && cd - > /dev/null
 python3 - <<'PY' | tee $OUT/summary.txt
 import glob, os
