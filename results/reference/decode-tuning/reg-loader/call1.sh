@@ -12,7 +12,9 @@ T0=$(date +%s)
 nvidia-smi > $OUT/nvidia-smi.txt 2>&1; date -u >> $OUT/nvidia-smi.txt; echo "${SHA:-unset}" >> $OUT/nvidia-smi.txt
 K=nopebench/impls/native/cuda/register_decode.cuh
 cp $K /tmp/before.cuh
-git apply results/reference/decode-tuning/reg-loader/loader.diff || { echo "loader.diff does not apply"; exit 1; }
+P=results/reference/decode-tuning/reg-loader/loader.diff  # git apply, or patch where git is absent
+{ git apply "$P" 2>/dev/null || patch -p1 < "$P"; } || { echo "loader.diff does not apply"; exit 1; }
+cmp -s $K /tmp/before.cuh && { echo "loader.diff changed nothing"; exit 1; }
 cp $K /tmp/new.cuh
 echo "== gpu tests"
 timeout 100 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_native_decode.py -k register > $OUT/gpu_register.log 2>&1
