@@ -28,7 +28,8 @@ def decode_inputs(
     shim: bool = False,
 ):
     gen = torch.Generator().manual_seed(seed)
-    usable = rows - rows // 8
+    first = rows // 8  # rows 0 .. first - 1 stay poison: a kernel reading row 0 for a -1 sees NaN
+    usable = rows - first
     cache = torch.full(
         (rows // block_size, block_size, row_bytes), 0xFF, dtype=torch.uint8
     )  # NaN poison
@@ -36,9 +37,11 @@ def decode_inputs(
     pe = torch.randn(usable, 64, generator=gen).to(torch.bfloat16) if rope else None
     if shim:
         pe = torch.zeros(usable, 64, dtype=torch.bfloat16)
-    rowformat.write_cache(cache, latent, pe, torch.arange(usable), scale_format)
+    rowformat.write_cache(cache, latent, pe, torch.arange(first, rows), scale_format)
     active = min(width, usable)
-    idx = torch.stack([torch.randperm(usable, generator=gen)[:active] for _ in range(tokens)]).int()
+    idx = torch.stack(
+        [torch.randperm(usable, generator=gen)[:active] + first for _ in range(tokens)]
+    ).int()
     idx = torch.cat([idx, torch.full((tokens, width - active), -1, dtype=torch.int32)], dim=1)
     if tokens > 1:
         idx[1] = -1  # an empty row

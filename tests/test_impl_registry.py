@@ -104,6 +104,21 @@ def test_reference_dispatch_is_the_reference():
     assert torch.equal(got.out, out) and torch.equal(got.lse, lse)
 
 
+def test_reference_output_does_not_depend_on_row_0_for_minus_one_entries():
+    """A -1 entry gathers row 0 as a stand-in: NaN bytes there (an unwritten cache slot) must not
+    reach the output through the entry's zero weight, and any other bytes there change nothing."""
+    from native_cases import SCALE, decode_inputs
+
+    q, cache, idx = decode_inputs(16, 3, 96, 64, 656, "cpu", seed=5, rows=128)
+    flat = cache.view(-1, 656)
+    assert bool((flat[0] == 0xFF).all()) and int(idx.min()) == -1 and int(idx[idx >= 0].min()) > 0
+    poisoned = sparse_decode_reference(q, cache, idx, SCALE, 64)
+    flat[0] = 0x11  # finite e4m3 bytes, finite scales and RoPE lanes
+    finite_row0 = sparse_decode_reference(q, cache, idx, SCALE, 64)
+    assert not poisoned[0].isnan().any()
+    assert torch.equal(poisoned[0], finite_row0[0]) and torch.equal(poisoned[1], finite_row0[1])
+
+
 def test_unknown_and_unsupported_names(gpu_is):
     gpu_is({"gpu": None, "sm": None})
     problem = small_problem()

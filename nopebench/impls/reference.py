@@ -48,7 +48,10 @@ def sparse_decode_reference(
         valid = idx >= 0
         packed = rows[torch.where(valid, idx, 0).flatten()]
         latent, rope = rowformat.dequantize_rows(packed)
+        # A -1 entry gathers row 0 as a stand-in; its values are zeroed so that whatever row 0
+        # holds (NaN bytes in an unwritten cache) cannot reach the output through a zero weight.
         values = latent.float().view(idx.shape[0], width, g.LATENT_DIM)
+        values = values.masked_fill(~valid.unsqueeze(-1), 0.0)
         keys = (
             values
             if not rope_dim
