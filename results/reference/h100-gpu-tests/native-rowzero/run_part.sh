@@ -3,10 +3,10 @@
 # the test ids in the order pytest runs them, then runs them from the first id that no earlier
 # part's log (carried back into this directory as part*.log) reports as finished, verbosely, for
 # at most LIMIT seconds. From the repository root, with .whl (pydantic) carried:
-#   bash results/reference/h200-gpu-tests/native-rowzero/run_part.sh PART LIMIT
+#   bash results/reference/h100-gpu-tests/native-rowzero/run_part.sh PART LIMIT
 set -uo pipefail
 PART=$1 LIMIT=$2
-HERE=results/reference/h200-gpu-tests/native-rowzero
+HERE=results/reference/h100-gpu-tests/native-rowzero
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl > /dev/null 2>&1
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 COLUMNS=200
 nvidia-smi > "$OUT/nvidia-smi-part$PART.txt" 2>&1; date -u >> "$OUT/nvidia-smi-part$PART.txt"
