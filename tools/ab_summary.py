@@ -61,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kernel", default="register")
     ap.add_argument("--reference", default="hopper_ws")
     a = ap.parse_args(argv)
+    if not a.tarball.is_file():
+        raise SystemExit(f"error: no such file: {a.tarball}")
     out = summarise(load(a.tarball), a.kernel, a.reference)
     out.to_csv(a.out_csv, index=False, float_format="%.5f")
     cols = KEYS + [f"{a.reference}_spread", "new_over_before"]
