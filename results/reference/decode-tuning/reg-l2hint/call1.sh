@@ -13,7 +13,7 @@ nvidia-smi > $OUT/nvidia-smi.txt 2>&1; date -u >> $OUT/nvidia-smi.txt; echo "${S
 C=nopebench/impls/native/cuda
 mkdir -p /tmp/before && cp $C/* /tmp/before/
 for h in 128B 256B; do
-  mkdir -p /tmp/l2_$h && cp $C/* /tmp/l2_$h/
+  mkdir -p /tmp/l2_$h && cp /tmp/before/* /tmp/l2_$h/
   sed -i "s/cp.async.cg.shared.global \[%0\]/cp.async.cg.shared.global.L2::$h [%0]/" /tmp/l2_$h/register_decode.cu
   grep -q "L2::$h" /tmp/l2_$h/register_decode.cu || { echo "the hint did not go in"; exit 1; }
   cp /tmp/l2_$h/* $C/
