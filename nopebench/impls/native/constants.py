@@ -86,11 +86,8 @@ WIDE_PV_SPLIT_MIN_BLOCKS = 8
 WIDE_PAIR_SLOTS = 2
 
 # The register kernel (cuda/register_decode.cu, CUDA C++): 16 heads a CTA, 4 warps, one a scale
-# tile, the dequantized rows kept in registers as mma.sync fragments. A 32-head form (8 warps of
-# 64 dims sharing each converted row, 1 CTA an SM) was 0.41-0.91x of the planned kernels at every
-# 32-128-head shape on the H200 (results/reference/decode-tuning/register32/) and is not built.
-# Nor is an 8-warp form of the 16-head kernel (64 dims a warp, 128 registers, 16 warps an SM): on
-# an H100 it was 1.05-1.12x slower than this 4-warp one (results/reference/decode-tuning/reg8/).
+# tile, the dequantized rows kept in registers as mma.sync fragments. Its other forms (32 heads
+# a CTA, 8 warps, other loaders) measured slower: results/reference/decode-tuning/README.md.
 # The build passes these five to the source as -DNOPEDECODE_* flags (register_library).
 REG_BLOCK_H = 16  # the mma's M
 REG_BLOCK_N = 32  # keys a block
@@ -98,8 +95,6 @@ REG_INDEX_CAP = 2208  # index entries a split stages in shared memory
 REG_CTAS_PER_SM = 2  # 255 registers a thread, spill-free
 REG_STAGES = 4  # cp.async ring slots (3 and 5 were slower on the H200)
 # Where it is planned: 16 heads, one split, and at least this share of the CTA slots of its last
-# wave filled (REG_CTAS_PER_SM a SM). On the H200 (16 heads, widths 2048 and 2176, NoPE and the
-# shim, against the warp-specialised kernel) it was 1.06-1.28x faster at fills of 0.76-1.0
-# (200-264, 400-528, 700 and 1024 tokens); NoPE rows were 0.85-0.98x at 0.48-0.68 (128, 300,
-# 350 and 360 tokens), where a partly filled wave costs a whole one.
+# wave filled (REG_CTAS_PER_SM an SM): a partly filled wave costs a whole one, and below this
+# fill NoPE rows ran faster in the warp-specialised kernel on the H200 (decode-tuning/register/).
 REG_MIN_FILL = 0.75
