@@ -96,5 +96,6 @@ REG_CTAS_PER_SM = 2  # 255 registers a thread, spill-free
 REG_STAGES = 4  # cp.async ring slots (3 and 5 were slower on the H200)
 # Where it is planned: 16 heads, one split, and at least this share of the CTA slots of its last
 # wave filled (REG_CTAS_PER_SM an SM): a partly filled wave costs a whole one, and below this
-# fill NoPE rows ran faster in the warp-specialised kernel on the H200 (decode-tuning/register/).
+# fill NoPE rows ran faster in the warp-specialised kernel on the H200
+# (results/reference/decode-tuning/register/).
 REG_MIN_FILL = 0.75
