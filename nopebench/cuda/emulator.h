@@ -202,6 +202,8 @@ inline unsigned __ballot_sync(unsigned mask, int predicate) {
   return ballot;
 }
 
+inline int __any_sync(unsigned mask, int predicate) { return __ballot_sync(mask, predicate) != 0; }
+
 inline void __syncthreads() {
   ++emu::S.threads[emu::S.current].block_arrivals;
   emu::suspend(emu::Wait::kBlock);
