@@ -29,7 +29,7 @@ for v in twobar onebar; do
   timeout 110 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_native_decode.py -k register > $OUT/gpu_register_$v.log 2>&1
   echo "rc $?"; tail -1 $OUT/gpu_register_$v.log
   echo "== $v: racecheck at $(( $(date +%s) - T0 )) s"
-  timeout 60 $SAN --tool racecheck --racecheck-report hazard python3 $R/racecheck.py > $OUT/racecheck_$v.log 2>&1
+  timeout 60 $SAN --tool racecheck --racecheck-report hazard python3 tools/register_racecheck.py > $OUT/racecheck_$v.log 2>&1
   echo "rc $?"; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|matches" $OUT/racecheck_$v.log | tail -3
 done
 V='[{"kernel":"register"},{"kernel":"hopper_ws"}]'
