@@ -4,6 +4,9 @@ the RoPE lanes of rows and queries are zero (the zero-padded shim)."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import torch
 
 from nopebench import rowformat
@@ -64,3 +67,33 @@ def assert_matches_reference(got, q, cache, idx, rope: int) -> None:
     finite = torch.isfinite(lse)
     assert torch.equal(torch.isinf(got.lse), ~finite)
     assert float((got.lse[finite] - lse[finite]).abs().max()) < 1e-3
+
+
+@dataclasses.dataclass
+class RegisterResult:
+    out: torch.Tensor
+    lse: torch.Tensor
+
+
+def run_register(q, cache, idx, rope: int, plan) -> RegisterResult:
+    """One register-kernel launch of `plan` on q's device (CPU tensors go to the emulator, where
+    one is loaded), outputs NaN-poisoned first; several splits are merged by their log-sum-exps
+    here (the product's combine kernel does this on a device)."""
+    from nopebench import geometry as g
+    from nopebench.impls.native import register_library
+
+    tokens, heads, _ = q.shape
+    flat = cache.reshape(-1, cache.shape[-1])
+    nan = functools.partial(torch.full, fill_value=float("nan"), device=q.device)
+    if plan.splits == 1:
+        out = nan((tokens, heads, g.LATENT_DIM), dtype=torch.bfloat16)
+        lse = nan((tokens, heads))
+        register_library.launch(q, flat, idx, SCALE, rope, plan, (out, lse))
+        return RegisterResult(out, lse)
+    part = nan((plan.splits, tokens, heads, g.LATENT_DIM))
+    part_lse = nan((plan.splits, tokens, heads))
+    register_library.launch(q, flat, idx, SCALE, rope, plan, (part, part_lse))
+    lse = torch.logsumexp(part_lse, dim=0)
+    weight = torch.where(torch.isfinite(lse), torch.exp(part_lse - lse), 0.0)
+    out = (weight[..., None] * part).sum(0)
+    return RegisterResult(out.to(torch.bfloat16), lse)

@@ -8,11 +8,10 @@ machine without a GPU; the hardware's arithmetic and timing are left to the GPU 
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 
 import pytest
 import torch
-from native_cases import assert_matches_reference, decode_inputs
+from native_cases import assert_matches_reference, decode_inputs, run_register
 
 from nopebench import cuda_build as b
 from nopebench import geometry as g
@@ -40,33 +39,6 @@ def emulated(emulated_lib, monkeypatch):
     return emulated_lib
 
 
-@dataclasses.dataclass
-class Result:
-    out: torch.Tensor
-    lse: torch.Tensor
-
-
-def run(q, cache, idx, rope: int, plan) -> Result:
-    """One emulated launch of `plan`, outputs NaN-poisoned first; several splits are merged by
-    their log-sum-exps here (the GPU's combine kernel does this on a device)."""
-    from native_cases import SCALE
-
-    tokens, heads, _ = q.shape
-    flat = cache.reshape(-1, cache.shape[-1])
-    if plan.splits == 1:
-        out = torch.full((tokens, heads, g.LATENT_DIM), float("nan"), dtype=torch.bfloat16)
-        lse = torch.full((tokens, heads), float("nan"))
-        register_library.launch(q, flat, idx, SCALE, rope, plan, (out, lse))
-        return Result(out, lse)
-    part = torch.full((plan.splits, tokens, heads, g.LATENT_DIM), float("nan"))
-    part_lse = torch.full((plan.splits, tokens, heads), float("nan"))
-    register_library.launch(q, flat, idx, SCALE, rope, plan, (part, part_lse))
-    lse = torch.logsumexp(part_lse, dim=0)
-    weight = torch.where(torch.isfinite(lse), torch.exp(part_lse - lse), 0.0)
-    out = (weight[..., None] * part).sum(0)
-    return Result(out.to(torch.bfloat16), lse)
-
-
 # One 16-head block a token, and two (the grid's z).
 HEADS = [16, 32]
 ROWS = [(0, 528), (0, 656), (64, 656)]  # NoPE, NoPE on 656-byte rows, RoPE lanes
@@ -84,7 +56,7 @@ def test_register_kernel_matches_the_reference_emulated(emulated, heads, rope, r
     )
     plan = plan_register(heads, 300, rope=bool(rope), splits=splits)
     assert plan.splits == splits
-    assert_matches_reference(run(q, cache, idx, rope, plan), q, cache, idx, rope)
+    assert_matches_reference(run_register(q, cache, idx, rope, plan), q, cache, idx, rope)
 
 
 def reference_max_moves(q, cache, idx, block_n: int = REG_BLOCK_N, tau: float = 8.0) -> int:
@@ -126,13 +98,13 @@ def test_the_reference_max_moves_for_every_warp_emulated(emulated, heads):
             )
     assert reference_max_moves(q, cache, idx) >= 3
     plan = plan_register(heads, 240, rope=True)
-    assert_matches_reference(run(q, cache, idx, 64, plan), q, cache, idx, 64)
+    assert_matches_reference(run_register(q, cache, idx, 64, plan), q, cache, idx, 64)
 
 
 def test_a_shim_row_scores_as_its_nope_row_emulated(emulated):
     """Zero RoPE lanes in q and rows: the 576-wide kernel gives the 512-wide kernel's output."""
     q, cache, idx = decode_inputs(32, 2, 96, 64, 656, "cpu", seed=3, shim=True)
     plan = plan_register(32, 96)
-    shim = run(q, cache, idx, 64, plan)
-    nope = run(q[..., : g.LATENT_DIM], cache, idx, 0, plan)
+    shim = run_register(q, cache, idx, 64, plan)
+    nope = run_register(q[..., : g.LATENT_DIM], cache, idx, 0, plan)
     assert torch.equal(shim.out, nope.out) and torch.equal(shim.lse, nope.lse)
