@@ -16,10 +16,17 @@ import ab_summary  # noqa: E402
 ENV = {"gpu": "G", "driver": "1", "torch": "2", "triton": "3", "git_sha": "abc", "timestamp": "t"}
 
 
-def tune_csv(register_ms: float, reference_ms: float, passed: bool = True) -> bytes:
+def tune_csv(
+    ms: float,
+    reference_ms: float,
+    passed: bool = True,
+    kernel: str = "register",
+    heads: int = 16,
+    reference: str = "hopper_ws",
+) -> bytes:
     rows = [
         {
-            "heads": 16,
+            "heads": heads,
             "tokens": 512,
             "width": 2176,
             "mode": "nope",
@@ -28,7 +35,7 @@ def tune_csv(register_ms: float, reference_ms: float, passed: bool = True) -> by
             "passed": passed,
             **ENV,
         }
-        for k, ms in (("register", register_ms), ("hopper_ws", reference_ms))
+        for k, ms in ((kernel, ms), (reference, reference_ms))
     ]
     return pd.DataFrame(rows).to_csv(index=False).encode()
 
@@ -53,7 +60,7 @@ def test_ratio_is_the_median_of_each_forms_runs(tmp_path):
             "before-2176-r2": tune_csv(0.22, 0.22),
         },
     )
-    out = ab_summary.summarise(ab_summary.load(tarball), "register", "hopper_ws")
+    out = ab_summary.summarise(ab_summary.load(tarball), ["register"], "hopper_ws")
     row = out.iloc[0]
     assert row.new_over_before == pytest.approx(0.31 / 0.21)
     assert row.hopper_ws_spread == pytest.approx(0.22 / 0.20)
@@ -66,7 +73,19 @@ def test_a_failed_check_or_a_missing_form_is_an_error(tmp_path):
         {"new-2176-r1": tune_csv(0.3, 0.2, passed=False), "before-2176-r1": tune_csv(0.2, 0.2)},
     )
     with pytest.raises(SystemExit, match="failed its check"):
-        ab_summary.summarise(ab_summary.load(failed), "register", "hopper_ws")
+        ab_summary.summarise(ab_summary.load(failed), ["register"], "hopper_ws")
     one_form = pack(tmp_path, {"new-2176-r1": tune_csv(0.3, 0.2)})
     with pytest.raises(SystemExit, match="new-\\* and before-\\*"):
-        ab_summary.summarise(ab_summary.load(one_form), "register", "hopper_ws")
+        ab_summary.summarise(ab_summary.load(one_form), ["register"], "hopper_ws")
+
+
+def test_each_shape_takes_whichever_named_kernel_ran_there(tmp_path):
+    def both(wide_ms: float, ws_ms: float) -> bytes:  # 32 heads ran one kernel, 64 another
+        ws = tune_csv(ws_ms, 0.2, kernel="hopper_ws", heads=32, reference="register")
+        wide = tune_csv(wide_ms, 0.2, kernel="hopper_wide", heads=64, reference="register")
+        return ws + wide.split(b"\n", 1)[1]
+
+    tarball = pack(tmp_path, {"new-2176-r1": both(0.40, 0.30), "before-2176-r1": both(0.50, 0.20)})
+    out = ab_summary.summarise(ab_summary.load(tarball), ["hopper_wide", "hopper_ws"], "register")
+    ratios = dict(zip(out.heads, out.new_over_before, strict=True))
+    assert ratios == {32: pytest.approx(1.5), 64: pytest.approx(0.8)}

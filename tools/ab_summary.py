@@ -3,7 +3,8 @@ one tarball: each run's directory is named `<form>-<width>-r<rep>` (the forms `n
 `before`), each holds a tune.csv. Per shape and mode: the named kernel's median ms in each run,
 the fixed reference kernel's median over all runs (the same source in every process, so its
 spread is the run-to-run noise), and new over before (the median of each form's runs). Writes
-the table as CSV with the environment of the first row and prints the ratios.
+the table as CSV with the environment of the first row and prints the ratios. `--kernel` may name
+several kernels, comma-separated, where each shape runs one of them (as a planned variant does).
 
     python3 tools/ab_summary.py TUNE_TARBALL OUT_CSV [--kernel register] [--reference hopper_ws]
 """
@@ -36,13 +37,13 @@ def load(tarball: Path) -> pd.DataFrame:
     return d
 
 
-def summarise(d: pd.DataFrame, kernel: str, reference: str) -> pd.DataFrame:
+def summarise(d: pd.DataFrame, kernels: list[str], reference: str) -> pd.DataFrame:
     if not d.passed.all():
         raise SystemExit("error: a timed variant failed its check; its time means nothing")
     forms = set(d.form)
     if forms != {"new", "before"}:
         raise SystemExit(f"error: runs must be named new-* and before-*, found {sorted(forms)}")
-    timed = d[d.kernel == kernel]
+    timed = d[d.kernel.isin(kernels)]
     out = timed.pivot_table(index=KEYS, columns="run", values="median_ms")
     ref = d[d.kernel == reference].groupby(KEYS).median_ms
     out[f"{reference}_ms"] = ref.median()
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if not a.tarball.is_file():
         raise SystemExit(f"error: no such file: {a.tarball}")
-    out = summarise(load(a.tarball), a.kernel, a.reference)
+    out = summarise(load(a.tarball), a.kernel.split(","), a.reference)
     out.to_csv(a.out_csv, index=False, float_format="%.5f")
     cols = KEYS + [f"{a.reference}_spread", "new_over_before"]
     print(out[cols].round(4).to_string(index=False))

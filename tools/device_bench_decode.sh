@@ -5,6 +5,13 @@
 #
 #   NOPEBENCH_GIT_SHA=<commit> bash tools/device_bench_decode.sh
 #
+# The copy, the FlashInfer wheel and FlashMLA's build must fit the device's 64 MiB transfer. The
+# recorded grids under results/reference/*-bench-decode-full are most of the tree and nothing
+# here reads them, so leave them out of the working tree for the call and back in after it:
+#   git sparse-checkout set --no-cone '/*' '!/results/reference/h200-bench-decode-full/' \
+#     '!/results/reference/h100-bench-decode-full/'
+#   git sparse-checkout disable
+#
 # 1. install the carried wheels into /tmp/site; put .flashmla (FlashMLA from vLLM's build) on
 #    PYTHONPATH
 # 2. the flashmla GPU tests (every layout and head padding against the reference, graph replay)

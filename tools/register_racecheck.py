@@ -5,12 +5,16 @@ rule (so a launch that raced into a wrong answer fails here too). Run from the r
 from __future__ import annotations
 
 import sys
-from types import SimpleNamespace
 
 import torch
 
 sys.path.insert(0, "tests")
-from native_cases import assert_matches_reference, decode_inputs, run_register  # noqa: E402
+from native_cases import (  # noqa: E402
+    RegisterResult,
+    assert_matches_reference,
+    decode_inputs,
+    run_register,
+)
 
 from nopebench.impls.native.plans import plan_register  # noqa: E402
 
@@ -20,6 +24,6 @@ for rope, row_bytes in ((0, 528), (0, 656), (64, 656)):
         plan = plan_register(16, 300, rope=bool(rope), splits=splits)
         got = run_register(q, cache, idx, rope, plan)
         torch.cuda.synchronize()
-        got = SimpleNamespace(out=got.out.cpu(), lse=got.lse.cpu())
+        got = RegisterResult(got.out.cpu(), got.lse.cpu())
         assert_matches_reference(got, q.cpu(), cache.cpu(), idx.cpu(), rope)
         print(f"rope {rope} row {row_bytes} splits {splits}: matches the reference", flush=True)
