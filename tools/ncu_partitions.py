@@ -86,7 +86,10 @@ def main() -> None:
     df = load(args.csv)
     if args.shared:
         if not set(WAVES.values()) <= set(df.columns):
-            raise SystemExit(f"{args.csv}: no shared-wavefront columns (profile SourceCounters)")
+            raise SystemExit(
+                f"error: {args.csv} has no shared-wavefront columns "
+                "(profile with --section SourceCounters, as above)"
+            )
         t = shared_traffic(df, args.blocks)
         print(t.to_string(float_format=lambda v: f"{v:.3g}"))
         print(f"total {int(t.wavefronts.sum())} wavefronts, {int(t.excessive.sum())} beyond ideal")
