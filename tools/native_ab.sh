@@ -8,7 +8,8 @@
 # own (the tree's as `before`), alternating, ROUNDS times at width 2176 over CASES and ROUNDS_2048
 # times at 2048 over CASES_2048, NoPE and shim, every variant checked before it is timed, and a
 # kernel the patches leave alone (REFERENCE) timed in each process as the fixed reference: its
-# spread across processes is the run-to-run noise. Under $OUT: nvidia-smi.txt,
+# spread across processes is the run-to-run noise. V (a JSON list for tune_native.py --variants)
+# replaces the family's variants. Under $OUT: nvidia-smi.txt,
 # gpu_<form>.log, racecheck_<form>.log, tune.tar.gz and <form>_vs_before.csv
 # (tools/ab_summary.py; its table also goes to stdout). The tree's kernels are back at the end.
 set -uo pipefail
@@ -17,13 +18,13 @@ FAMILY=${FAMILY:-register}
 case $FAMILY in
   register)  # the register kernel against the warp-specialised Gluon kernel
     TESTS=${TESTS:-register} TEST_S=${TEST_S:-110} RACECHECK=1 KERNEL=register REFERENCE=hopper_ws
-    V='[{"kernel":"register"},{"kernel":"hopper_ws"}]'
+    V=${V:-'[{"kernel":"register"},{"kernel":"hopper_ws"}]'}
     CASES=${CASES:-16x128,16x256,16x512} CASES_2048=${CASES_2048:-16x512}
     ROUNDS=${ROUNDS:-3} ROUNDS_2048=${ROUNDS_2048:-2} ;;
   gluon)  # what native plans on SM90 at 32-128 heads, against the register kernel (CUDA C++)
     TESTS=${TESTS:-"hopper_wide and not smem_q and not helpers or hopper_ws_split32 or 2cta or minus_one or small_and_unit"}
     TEST_S=${TEST_S:-300} RACECHECK=0 KERNEL=hopper_ws,hopper_wide REFERENCE=register  # 201 tests
-    V='[{"kernel":"planned"},{"kernel":"register"}]'
+    V=${V:-'[{"kernel":"planned"},{"kernel":"register"}]'}
     CASES=${CASES:-32x128,32x512,64x128,64x512,128x128,128x512} CASES_2048=${CASES_2048:-64x128,64x512}
     ROUNDS=${ROUNDS:-2} ROUNDS_2048=${ROUNDS_2048:-1} ;;  # with the tests, one 600-second call
   *) echo "FAMILY is register or gluon, not $FAMILY" >&2; exit 2 ;;

@@ -273,7 +273,7 @@ def compile_wide_shape(heads: int, tokens: int, rope: bool = False) -> KernelBui
         seconds,
         "wgmma.mma_async" in compiled.asm["ptx"],
         int(compiled.metadata.shared),
-        wide_smem_bytes(plan.num_stages, rope, plan.kv_bufs, plan.p_bufs),
+        wide_smem_bytes(plan.num_stages, rope, plan.kv_bufs, plan.p_bufs, plan.alt),
         registers,
         stack,
         kernel="hopper_wide",
