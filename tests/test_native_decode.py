@@ -985,6 +985,13 @@ def test_2cta_pairs_match_the_reference_on_gpu(heads, tokens, width, row_bytes):
     """The 64-head kernel's two head blocks in 2-CTA clusters, each CTA dequantizing half of
     every block for both: every query token under the strict rule, outputs poisoned first (also
     with the second head block partly masked, 100 heads)."""
+    assert wide_form_matches_reference(heads, tokens, width, row_bytes, pair=True).pair
+
+
+def wide_form_matches_reference(heads, tokens, width, row_bytes, **options):
+    """NoPE rows through the 64-head kernel planned with `options`, run twice with the outputs
+    poisoned between, against the reference on every query token; returns the plan (skips off
+    SM90)."""
     from nopebench.impls.native.adapter import hopper_available, native_decode
 
     if not hopper_available(0):
@@ -993,11 +1000,12 @@ def test_2cta_pairs_match_the_reference_on_gpu(heads, tokens, width, row_bytes):
         heads, tokens, width, 0, row_bytes, "cuda", seed=heads + tokens + width, rows=4096
     )
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    plan = plan_hopper_wide(tokens, heads, width, sms, pair=True)
+    plan = plan_hopper_wide(tokens, heads, width, sms, **options)
     got = native_decode(q, cache, idx, SCALE, 0, plan)
     got.out.fill_(float("nan"))
     got = native_decode(q, cache, idx, SCALE, 0, plan)
     assert_matches_reference(got, q, cache, idx, 0)
+    return plan
 
 
 @pytest.mark.gpu
@@ -1009,20 +1017,8 @@ def test_alternate_blocks_match_the_reference_on_gpu(heads, tokens, width, row_b
     rows in one split, unpaired): every query token under the strict rule, outputs poisoned
     first, with odd and even block counts (33 and 34 blocks of 64 entries) and a partly masked
     head block (100 heads)."""
-    from nopebench.impls.native.adapter import hopper_available, native_decode
-
-    if not hopper_available(0):
-        pytest.skip("the Hopper kernels need an SM90 GPU and Triton's Gluon")
-    q, cache, idx = decode_inputs(
-        heads, tokens, width, 0, row_bytes, "cuda", seed=heads + tokens + width, rows=4096
-    )
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    plan = plan_hopper_wide(tokens, heads, width, sms, pv_split=False)
+    plan = wide_form_matches_reference(heads, tokens, width, row_bytes, pv_split=False)
     assert plan.alt and plan.splits == 1
-    got = native_decode(q, cache, idx, SCALE, 0, plan)
-    got.out.fill_(float("nan"))
-    got = native_decode(q, cache, idx, SCALE, 0, plan)
-    assert_matches_reference(got, q, cache, idx, 0)
 
 
 @pytest.mark.gpu
