@@ -266,12 +266,12 @@ def test_64_head_shared_memory_model_covers_the_compiled_kernel():
     limit, with RoPE lanes the two that measured faster."""
     assert 0 <= wide_smem_bytes(3) - 231376 <= 1024
     assert 0 <= wide_smem_bytes(2, p_bufs=2, alt=True) - 231568 <= 1024
-    scorer = plan_hopper_wide(512, 64, 2176, alt=False)
+    scorer = plan_hopper_wide(512, 64, 2176)
     assert (scorer.num_stages, scorer.p_bufs) == (3, 1) and wide_smem_bytes(4) > HOPPER_SMEM
-    alt = plan_hopper_wide(512, 64, 2176)
+    alt = plan_hopper_wide(512, 64, 2176, alt=True)
     assert (alt.alt, alt.num_stages, alt.p_bufs) == (True, 2, 2)
     assert wide_smem_bytes(3, p_bufs=2, alt=True) > HOPPER_SMEM
-    for options in (dict(alt=False, slots=4), dict(slots=3)):
+    for options in (dict(slots=4), dict(alt=True, slots=3)):
         with pytest.raises(ValueError, match="shared memory"):
             plan_hopper_wide(512, 64, 2176, **options)
     # With RoPE lanes two 64-row tiles leave no room for a ring slot: 32-row blocks.
@@ -335,14 +335,17 @@ def test_64_head_output_warpgroups_split_off_for_pairs_or_when_helpers_are_asked
             plan_hopper_wide(512, 64, 2176, **bad)
 
 
-def test_64_head_consumers_score_alternate_blocks_for_unsplit_nope_rows():
-    """Where NoPE rows run in one split with the output not split off (64 heads from 128
-    tokens; 128 heads unpaired), the two consumer warpgroups score alternate blocks: a P tile
-    each, q all in shared memory, the register budgets 208 (the first), 216 and 80 (the
-    producer). RoPE rows, split rows, the 2-CTA pair and the output split off
-    keep the scorer; asking for both is refused."""
+def test_64_head_consumers_score_alternate_blocks_for_unsplit_nope_rows(monkeypatch):
+    """Off by default (WIDE_ALT). With it on, where NoPE rows run in one split with the output
+    not split off (64 heads from 128 tokens; 128 heads unpaired), the two consumer warpgroups
+    score alternate blocks: a P tile each, q all in shared memory, the register budgets 208
+    (the first), 216 and 80 (the producer). RoPE rows, split rows, the 2-CTA pair and the output
+    split off keep the scorer; asking for both is refused."""
     from nopebench.impls.native import hopper_wide_decode as wide
+    from nopebench.impls.native import plans
 
+    assert not plan_hopper_wide(512, 64, 2176).alt
+    monkeypatch.setattr(plans, "WIDE_ALT", True)
     for tokens, heads, options, alt in (
         (512, 64, {}, True),
         (128, 64, {}, True),
@@ -437,6 +440,26 @@ def test_64_head_kernel_compiles_for_sm90_within_its_budget(case):
     plan = plan_hopper_wide(case[1], case[0], 2176)
     assert wide.launch_constants(plan, 528)[0]["ONE_SPLIT"] == (plan.splits == 1)
     build = hopper_build.compile_wide_shape(*case)
+    assert build.kernel == "hopper_wide" and build.has_wgmma
+    assert build.problems == [], build.problems
+
+
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="on a GPU the kernel itself runs in the GPU tests"
+)
+@pytest.mark.parametrize(
+    "heads, tokens, options",
+    [(64, 512, {}), (64, 128, {}), (128, 512, dict(pv_split=False))],
+)
+def test_alternate_block_form_compiles_spill_free_where_it_would_be_planned(heads, tokens, options):
+    """Compile-only, no GPU: the consumers scoring alternate blocks, in the shapes WIDE_ALT
+    would plan it (NoPE rows in one split, unpaired), use wgmma, spill nothing under their
+    register split (each warpgroup scores tile 0 or 1 only, so the loop keeps the tile index a
+    run-time value: folded, the score product's descriptors stayed live across it and spilled)
+    and fit the planner's shared memory."""
+    if (reason := hopper_build.gluon_missing()) is not None:
+        pytest.skip(reason)
+    build = hopper_build.compile_wide_shape(heads, tokens, alt=True, **options)
     assert build.kernel == "hopper_wide" and build.has_wgmma
     assert build.problems == [], build.problems
 
@@ -900,8 +923,8 @@ def gpu_plan(kernel: str, tokens: int, heads: int, width: int, rope: int):
     than the measured one run it; hopper_wide_helpers: NoPE rows with the output halves split off
     and each dequantizing helper rows (the planned form runs them as the scorer's left half,
     beside the producer alone, as for RoPE rows); hopper_wide_alt: NoPE rows with the two
-    consumer warpgroups scoring alternate blocks at every shape (the plan runs it in one split,
-    from 128 tokens at 64 heads); hopper_ws_split32: the role split at 32
+    consumer warpgroups scoring alternate blocks, asked for at every shape (`WIDE_ALT`);
+    hopper_ws_split32: the role split at 32
     heads per program, as Triton 3.6's plan runs it from 256 tokens), for the rows' QK width;
     the Hopper ones are skipped off SM90; register: the CUDA C++ kernel, for whole 16-head
     blocks, in as few splits as its staged index entries allow, skipped off SM89+ or without
@@ -1013,11 +1036,11 @@ def wide_form_matches_reference(heads, tokens, width, row_bytes, **options):
 @pytest.mark.parametrize("width", [2112, 2176])
 @pytest.mark.parametrize("row_bytes", [528, 656])
 def test_alternate_blocks_match_the_reference_on_gpu(heads, tokens, width, row_bytes):
-    """The 64-head kernel's consumers scoring alternate blocks where the plan runs them (NoPE
-    rows in one split, unpaired): every query token under the strict rule, outputs poisoned
-    first, with odd and even block counts (33 and 34 blocks of 64 entries) and a partly masked
-    head block (100 heads)."""
-    plan = wide_form_matches_reference(heads, tokens, width, row_bytes, pv_split=False)
+    """The 64-head kernel's consumers scoring alternate blocks where the plan would run them
+    with WIDE_ALT on (NoPE rows in one split, unpaired): every query token under the strict
+    rule, outputs poisoned first, with odd and even block counts (33 and 34 blocks of 64
+    entries) and a partly masked head block (100 heads)."""
+    plan = wide_form_matches_reference(heads, tokens, width, row_bytes, pv_split=False, alt=True)
     assert plan.alt and plan.splits == 1
 
 

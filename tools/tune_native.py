@@ -144,12 +144,11 @@ def hopper_variants(
             cands += [dict(kernel="hopper_wide", q_regs=0)]
     if heads > 32 and not rope:
         # NoPE rows' output warpgroups: the scorer running the left half itself (as for RoPE
-        # rows) where the plan has the consumers score alternate blocks, and the reverse; split
-        # off without dequantizing, and dequantizing 16 rows each.
+        # rows), the two consumers scoring alternate blocks, split off without dequantizing,
+        # and dequantizing 16 rows each.
         cands += [
-            dict(kernel="hopper_wide", pv_split=False, alt=False),
-            dict(kernel="hopper_wide", pv_split=False, alt=True),
             dict(kernel="hopper_wide", pv_split=False),
+            dict(kernel="hopper_wide", pv_split=False, alt=True),
             dict(kernel="hopper_wide", helpers=0),
             dict(kernel="hopper_wide", helpers=16),
         ]

@@ -246,11 +246,12 @@ def compile_ws_shape(
     )
 
 
-def compile_wide_shape(heads: int, tokens: int, rope: bool = False) -> KernelBuild:
-    """The 64-head kernel as `plan_hopper_wide` launches it for `heads` x `tokens`."""
+def compile_wide_shape(heads: int, tokens: int, rope: bool = False, **options) -> KernelBuild:
+    """The 64-head kernel as `plan_hopper_wide` launches it for `heads` x `tokens` (`options`:
+    the planner's, for a form it does not take by default)."""
     from nopebench.impls.native import hopper_wide_decode as wide
 
-    plan = plan_hopper_wide(tokens, heads, 2176, rope=rope)
+    plan = plan_hopper_wide(tokens, heads, 2176, rope=rope, **options)
     row_bytes = g.row_bytes_read(ROPE_DIM if rope else 0)
     constants, options = wide.launch_constants(plan, row_bytes)
     compiled, seconds, registers, stack = _compile(

@@ -22,6 +22,7 @@ from nopebench.impls.native.constants import (
     REG_STAGES,
     RING_ROPE_BYTES,
     RING_ROW_BYTES,
+    WIDE_ALT,
     WIDE_BLOCK_H,
     WIDE_BLOCK_N,
     WIDE_HELP_ROWS,
@@ -413,7 +414,8 @@ def plan_hopper_wide(
     helper rows), by default wherever that holds and `helpers` is not given, in
     WIDE_PAIR_SLOTS ring slots. `alt`: the two consumer warpgroups score alternate blocks, each
     running its half of the output over every block (NoPE rows, the output not split off; a P
-    tile each, q all in shared memory), by default wherever that holds in one split."""
+    tile each, q all in shared memory); with WIDE_ALT, by default wherever that holds in one
+    split."""
     block_n = wide_block_n(rope)
     head_blocks, splits, per_split = _split_one_per_sm(
         tokens, heads, width, WIDE_BLOCK_H, block_n, sms, splits, fill=-(-sms // 2)
@@ -428,7 +430,7 @@ def plan_hopper_wide(
     if pair is None:
         pair = helpers is None and pairable and pv_split
     if alt is None:  # (with the rows split, Triton 3.9 spills a few of its values)
-        alt = not rope and not pv_split and splits == 1 and not q_regs
+        alt = WIDE_ALT and not rope and not pv_split and splits == 1 and not q_regs
     if alt and (rope or pv_split or q_regs):
         raise ValueError(
             "the consumers score alternate blocks of NoPE rows only, without pv_split and with "

@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# One device call for the alternate-blocks form as the tree plans it (64 heads from 128 tokens,
-# NoPE rows; 128 heads stay paired): the GPU tests of the 64-head kernel, those of early.diff's
-# form, then the tree's form (`late`: the partner's tile released after the softmax) and
-# early.diff's, alternating in processes of their own. Each process times, side by side, the
-# planned kernel, the scorer form (alt false: the kernel as it was) and, at 128 heads, the
-# unpaired alternate form (pv_split false); every variant is checked before it is timed.
+# One device call for the alternate-blocks form (`alt`, asked for: WIDE_ALT is off): the GPU
+# tests of the 64-head kernel, those of early.diff's form, then the tree's form (`late`: the
+# partner's tile released after the softmax) and early.diff's, alternating in processes of their
+# own. Each process times, side by side, the planned kernel (the scorer form at 64 heads, the
+# 2-CTA pair at 128), the alternate form and, at 128 heads, the unpaired alternate form; every
+# variant is checked before it is timed.
 # Under $OUT: nvidia-smi.txt, gpu_*.log, tune.tar.gz, summary.csv (and its table on stdout).
 set -uo pipefail
 D=results/reference/decode-tuning/alt-blocks
 N=nopebench/impls/native
 TEST_S=${TEST_S:-170} TUNE_S=${TUNE_S:-75} ROUNDS=${ROUNDS:-2}
 CASES=${CASES:-64x128,64x512,128x128,128x512}
-V='[{"kernel":"planned"},{"kernel":"hopper_wide","alt":false},{"kernel":"hopper_wide","pv_split":false}]'
+V='[{"kernel":"planned"},{"kernel":"hopper_wide","alt":true},{"kernel":"hopper_wide","pv_split":false,"alt":true}]'
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl > /dev/null 2>&1
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 COLUMNS=200
 [ -n "${SHA:-}" ] && export NOPEBENCH_GIT_SHA=$SHA

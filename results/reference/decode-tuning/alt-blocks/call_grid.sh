@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# One device call (H200) for the alternate-blocks form as the tree plans it: its GPU tests, one
-# tuning process timing side by side the planned kernel, the scorer form (alt false: the kernel
-# as it was) and at 128 heads the unpaired alternate form (pv_split false), then the full
-# bench-decode grid (tools/device_bench_decode.sh) in the time left, only where the tests passed
-# and the planned form was the faster at 64 x 512. Carry .whl and .flashmla.
+# One device call (H200) for the alternate-blocks form, with WIDE_ALT switched on in the copy
+# (the plan then runs it for NoPE rows in one split, unpaired): its GPU tests, one tuning
+# process timing side by side the planned kernel, the scorer form and at 128 heads the unpaired
+# alternate form, then the full bench-decode grid (tools/device_bench_decode.sh) in the time
+# left, only where the tests passed and the alternate form was the faster at 64 x 512. Carry
+# .whl and .flashmla.
 # Under $OUT: call.tar.gz (everything), summary.txt (the grid's table), tune_summary.csv,
 # gpu_alt.log.
 set -uo pipefail
@@ -13,6 +14,8 @@ O=/tmp/o && rm -rf $O && mkdir -p $O/tune $O/grid
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl > /dev/null 2>&1
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 COLUMNS=200
 V='[{"kernel":"planned"},{"kernel":"hopper_wide","alt":false},{"kernel":"hopper_wide","pv_split":false}]'
+sed -i 's/^WIDE_ALT = False$/WIDE_ALT = True/' nopebench/impls/native/constants.py
+grep -q '^WIDE_ALT = True$' nopebench/impls/native/constants.py || { echo "WIDE_ALT not switched on"; exit 1; }
 echo "== gpu tests at $(( $(date +%s) - T0 )) s"
 timeout ${TEST_S:-100} python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_native_decode.py \
   -k "alternate or hopper_wide_alt and not helpers" > $O/gpu_alt.log 2>&1
