@@ -327,6 +327,22 @@ def _store_half(
 
 
 @gluon.jit
+def _store_lse(m_i, l_i, lse_ptr, tok, hb, split, heads, stride_lt, stride_ls, row_l: gl.constexpr):
+    """The log-sum-exp of each head's scores (natural log; -inf where no entry was valid) from
+    the running max (log2 units) and the softmax denominator."""
+    has = l_i > 0
+    lse = gl.where(
+        has, (m_i + gl.log2(gl.where(has, l_i, 1.0))) / 1.4426950408889634, float("-inf")
+    )
+    offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=row_l)
+    gl.store(
+        lse_ptr + split.to(gl.int64) * stride_ls + tok.to(gl.int64) * stride_lt + offs_h,
+        lse,
+        mask=offs_h < heads,
+    )
+
+
+@gluon.jit
 def _block_valid(idx_row, start, end, i, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
     """Which of block i's keys have an index entry (not -1, not past `end`), in the score layout.
     The entries are loaded one or two per thread and then spread to that layout: loaded straight
@@ -657,14 +673,8 @@ def _scorer(
             0,
             o_layout,
         )
-    lse = gl.where(
-        has, (m_i + gl.log2(gl.where(has, l_i, 1.0))) / 1.4426950408889634, float("-inf")
-    )
-    offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_layout))
-    gl.store(
-        lse_ptr + split.to(gl.int64) * stride_ls + tok.to(gl.int64) * stride_lt + offs_h,
-        lse,
-        mask=offs_h < heads,
+    _store_lse(
+        m_i, l_i, lse_ptr, tok, hb, split, heads, stride_lt, stride_ls, gl.SliceLayout(1, s_layout)
     )
     if PAIR:
         _cluster_sync(4)
@@ -970,15 +980,7 @@ def _alt_half(
         oa, ob, inv, out_ptr, tok, hb, split, heads, stride_ot, stride_oh, stride_os, HALF, o_layout
     )
     if HALF == 0:
-        lse = gl.where(
-            has, (m_i + gl.log2(gl.where(has, l_all, 1.0))) / 1.4426950408889634, float("-inf")
-        )
-        offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=row_l)
-        gl.store(
-            lse_ptr + split.to(gl.int64) * stride_ls + tok.to(gl.int64) * stride_lt + offs_h,
-            lse,
-            mask=offs_h < heads,
-        )
+        _store_lse(m_i, l_all, lse_ptr, tok, hb, split, heads, stride_lt, stride_ls, row_l)
 
 
 @gluon.jit
