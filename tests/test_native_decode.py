@@ -368,7 +368,7 @@ def test_64_head_consumers_score_alternate_blocks_for_unsplit_nope_rows(monkeypa
             assert (constants["R_REGS"], constants["P_REGS"]) == (216, 80)
             assert 3 * launch["maxnreg"] - constants["R_REGS"] - constants["P_REGS"] == 208
     assert plan_hopper_wide(8, 64, 2176, alt=True).alt  # asked for, split rows run it too
-    for bad in (dict(rope=True), dict(pv_split=True), dict(q_regs=1)):
+    for bad in (dict(rope=True), dict(pv_split=True), dict(q_regs=1), dict(kv_bufs=3)):
         with pytest.raises(ValueError, match="alternate blocks"):
             plan_hopper_wide(512, 64, 2176, alt=True, **bad)
 

@@ -429,15 +429,15 @@ def plan_hopper_wide(
         )
     if pair is None:
         pair = helpers is None and pairable and pv_split
-    if alt is None:  # (with the rows split, Triton 3.9 spills a few of its values)
+    if alt is None:  # not with the rows split: there Triton 3.9 spills 32 bytes outside the loop
         alt = WIDE_ALT and not rope and not pv_split and splits == 1 and not q_regs
-    if alt and (rope or pv_split or q_regs):
+    if alt and (rope or pv_split or q_regs or kv_bufs != 2):
         raise ValueError(
-            "the consumers score alternate blocks of NoPE rows only, without pv_split and with "
-            "q all in shared memory"
+            "the consumers score alternate blocks of NoPE rows only, without pv_split, with q all "
+            "in shared memory and two tiles (one a warpgroup)"
         )
-    if alt:
-        p_bufs, q_regs = max(p_bufs, 2), 0
+    if alt:  # a P tile a warpgroup, beside its tile
+        p_bufs, q_regs = 2, 0
     elif q_regs is None:
         q_regs = wide_q_reg_tiles(rope, installed_triton())
     if not 0 <= q_regs <= 3:
