@@ -299,8 +299,8 @@ def test_64_head_output_warpgroups_split_off_for_pairs_or_when_helpers_are_asked
     """The output halves run in warpgroups of their own (the scorer only scores) for NoPE rows
     in programs of WIDE_PV_SPLIT_MIN_BLOCKS blocks or more where the 2-CTA pair runs, or where
     helper rows are asked for (then WIDE_HELP_ROWS by default). Unpaired programs keep the
-    output in the consumers (measured faster on the H200), as RoPE rows and few-block programs
-    do. The launch gives a fourth warpgroup its share of the register file."""
+    scorer's left half (measured faster on the H200), as RoPE rows and few-block programs do.
+    The launch gives a fourth warpgroup its share of the register file."""
     from nopebench.impls.native import hopper_wide_decode as wide
     from nopebench.impls.native.constants import WIDE_HELP_ROWS, WIDE_PV_SPLIT_MIN_BLOCKS
 
