@@ -111,6 +111,13 @@ def launch_constants(plan, row_bytes: int, offsets: dict | None = None) -> tuple
     """Constexprs and launch options for a `native.plan_hopper_wide` plan (launcher and build).
     `offsets`: `pair_offsets` of the compiled kernel, for a 2-CTA plan (placeholders otherwise;
     they change no allocation, so a build with them has the launched kernel's layout)."""
+    if plan.alt:
+        p_regs, r_regs = ALT_PRODUCER_REGS, ALT_REGS
+    else:
+        # With both halves on their own warpgroups the scorer gets 512 - 2 * 160 - P_REGS: 8
+        # more from the producer when it holds q tiles in registers.
+        p_regs = PRODUCER_REGS - 8 if plan.pv_split and plan.q_regs else PRODUCER_REGS
+        r_regs = RIGHT_REGS
     constants = dict(
         BLOCK_N=plan.block_n,
         ROW_BYTES=row_bytes,
@@ -122,16 +129,8 @@ def launch_constants(plan, row_bytes: int, offsets: dict | None = None) -> tuple
         P_BUFS=plan.p_bufs,
         RING_SLOTS=plan.num_stages,
         P_WARPS=PRODUCER_WARPS,
-        # With both halves on their own warpgroups the scorer gets 512 - 2 * 160 - P_REGS: 8
-        # more from the producer when it holds q tiles in registers.
-        P_REGS=(
-            ALT_PRODUCER_REGS
-            if plan.alt
-            else PRODUCER_REGS - 8
-            if plan.pv_split and plan.q_regs
-            else PRODUCER_REGS
-        ),
-        R_REGS=ALT_REGS if plan.alt else RIGHT_REGS,
+        P_REGS=p_regs,
+        R_REGS=r_regs,
         Q_REGS=plan.q_regs,
         PV_SPLIT=plan.pv_split,
         HELPERS=plan.helpers,  # rows of every block each output warpgroup dequantizes
