@@ -337,7 +337,7 @@ def test_64_head_output_warpgroups_split_off_for_pairs_or_when_helpers_are_asked
 
 def test_64_head_consumers_score_alternate_blocks_for_unsplit_nope_rows(monkeypatch):
     """Off by default (WIDE_ALT). With it on, where NoPE rows run in one split with the output
-    not split off (64 heads from 128 tokens; 128 heads unpaired), the two consumer warpgroups
+    not split off (64 heads at 128 and 512 tokens; 128 heads unpaired), the two consumer warpgroups
     score alternate blocks: a P tile each, q all in shared memory, the register budgets 208
     (the first), 216 and 80 (the producer). RoPE rows, split rows, the 2-CTA pair and the output
     split off keep the scorer; asking for both is refused."""
