@@ -260,20 +260,13 @@ def test_nope_and_the_shim_run_in_the_same_kernel_at_every_shape(
 
 def test_64_head_shared_memory_model_covers_the_compiled_kernel():
     """Shared bytes of the 64-head kernel compiled for sm_90 (Triton 3.6 and 3.9 agree: 231376
-    with the scorer and three ring slots, 231568 with the consumers scoring alternate blocks,
-    two P tiles and two slots; with RoPE lanes Triton 3.9 takes 226544 with seven slots of
-    32-row blocks); for NoPE rows the planner takes as many slots as the model fits under the
-    limit, with RoPE lanes the two that measured faster."""
+    with three ring slots; with RoPE lanes Triton 3.9 takes 226544 with seven slots of 32-row
+    blocks); for NoPE rows the planner takes as many slots as the model fits under the limit,
+    with RoPE lanes the two that measured faster."""
     assert 0 <= wide_smem_bytes(3) - 231376 <= 1024
-    assert 0 <= wide_smem_bytes(2, p_bufs=2, alt=True) - 231568 <= 1024
-    scorer = plan_hopper_wide(512, 64, 2176)
-    assert (scorer.num_stages, scorer.p_bufs) == (3, 1) and wide_smem_bytes(4) > HOPPER_SMEM
-    alt = plan_hopper_wide(512, 64, 2176, alt=True)
-    assert (alt.alt, alt.num_stages, alt.p_bufs) == (True, 2, 2)
-    assert wide_smem_bytes(3, p_bufs=2, alt=True) > HOPPER_SMEM
-    for options in (dict(slots=4), dict(alt=True, slots=3)):
-        with pytest.raises(ValueError, match="shared memory"):
-            plan_hopper_wide(512, 64, 2176, **options)
+    assert plan_hopper_wide(512, 64, 2176).num_stages == 3 and wide_smem_bytes(4) > HOPPER_SMEM
+    with pytest.raises(ValueError, match="shared memory"):
+        plan_hopper_wide(512, 64, 2176, slots=4)
     # With RoPE lanes two 64-row tiles leave no room for a ring slot: 32-row blocks.
     rope = plan_hopper_wide(512, 64, 2176, rope=True)
     assert (rope.block_n, rope.num_stages, rope.rope) == (32, WIDE_ROPE_SLOTS, True)
@@ -333,44 +326,6 @@ def test_64_head_output_warpgroups_split_off_for_pairs_or_when_helpers_are_asked
     ):
         with pytest.raises(ValueError, match=match):
             plan_hopper_wide(512, 64, 2176, **bad)
-
-
-def test_64_head_consumers_score_alternate_blocks_for_unsplit_nope_rows(monkeypatch):
-    """Off by default (WIDE_ALT). With it on, where NoPE rows run in one split with the output
-    not split off (64 heads at 128 and 512 tokens; 128 heads unpaired), the two consumer warpgroups
-    score alternate blocks: a P tile each, q all in shared memory, the register budgets 208
-    (the first), 216 and 80 (the producer). RoPE rows, split rows, the 2-CTA pair and the output
-    split off keep the scorer; asking for both is refused."""
-    from nopebench.impls.native import hopper_wide_decode as wide
-    from nopebench.impls.native import plans
-
-    assert not plan_hopper_wide(512, 64, 2176).alt
-    monkeypatch.setattr(plans, "WIDE_ALT", True)
-    for tokens, heads, options, alt in (
-        (512, 64, {}, True),
-        (128, 64, {}, True),
-        (512, 128, dict(pv_split=False), True),
-        (512, 64, dict(alt=False), False),
-        (512, 64, dict(rope=True), False),
-        (8, 64, {}, False),  # 12 splits of three blocks
-        (512, 128, {}, False),  # the 2-CTA pair
-        (512, 64, dict(pv_split=True), False),
-        (512, 64, dict(q_regs=1), False),
-    ):
-        plan = plan_hopper_wide(tokens, heads, 2176, **options)
-        assert plan.alt == alt, (tokens, heads, options)
-        constants, launch = wide.launch_constants(plan, 656 if plan.rope else 528)
-        assert constants["ALT"] == alt
-        if alt:
-            assert (plan.p_bufs, plan.q_regs, plan.splits) == (2, 0, 1)
-            assert launch["maxnreg"] == wide.LAUNCH_REGS
-            # the second consumer and the producer; the first gets the rest of the launch's
-            assert (constants["R_REGS"], constants["P_REGS"]) == (216, 80)
-            assert 3 * launch["maxnreg"] - constants["R_REGS"] - constants["P_REGS"] == 208
-    assert plan_hopper_wide(8, 64, 2176, alt=True).alt  # asked for, split rows run it too
-    for bad in (dict(rope=True), dict(pv_split=True), dict(q_regs=1), dict(kv_bufs=3)):
-        with pytest.raises(ValueError, match="alternate blocks"):
-            plan_hopper_wide(512, 64, 2176, alt=True, **bad)
 
 
 def record_launches(
@@ -440,26 +395,6 @@ def test_64_head_kernel_compiles_for_sm90_within_its_budget(case):
     plan = plan_hopper_wide(case[1], case[0], 2176)
     assert wide.launch_constants(plan, 528)[0]["ONE_SPLIT"] == (plan.splits == 1)
     build = hopper_build.compile_wide_shape(*case)
-    assert build.kernel == "hopper_wide" and build.has_wgmma
-    assert build.problems == [], build.problems
-
-
-@pytest.mark.skipif(
-    torch.cuda.is_available(), reason="on a GPU the kernel itself runs in the GPU tests"
-)
-@pytest.mark.parametrize(
-    "heads, tokens, options",
-    [(64, 512, {}), (64, 128, {}), (128, 512, dict(pv_split=False))],
-)
-def test_alternate_block_form_compiles_spill_free_where_it_would_be_planned(heads, tokens, options):
-    """Compile-only, no GPU: the consumers scoring alternate blocks, in the shapes WIDE_ALT
-    would plan it (NoPE rows in one split, unpaired), use wgmma, spill nothing under their
-    register split (each warpgroup scores tile 0 or 1 only, so the loop keeps the tile index a
-    run-time value: folded, the score product's descriptors stayed live across it and spilled)
-    and fit the planner's shared memory."""
-    if (reason := hopper_build.gluon_missing()) is not None:
-        pytest.skip(reason)
-    build = hopper_build.compile_wide_shape(heads, tokens, alt=True, **options)
     assert build.kernel == "hopper_wide" and build.has_wgmma
     assert build.problems == [], build.problems
 
@@ -922,9 +857,7 @@ def gpu_plan(kernel: str, tokens: int, heads: int, width: int, rope: int):
     heads masked; hopper_wide_smem_q: the same with all of q in shared memory, as Tritons other
     than the measured one run it; hopper_wide_helpers: NoPE rows with the output halves split off
     and each dequantizing helper rows (the planned form runs them as the scorer's left half,
-    beside the producer alone, as for RoPE rows); hopper_wide_alt: NoPE rows with the two
-    consumer warpgroups scoring alternate blocks, asked for at every shape (`WIDE_ALT`);
-    hopper_ws_split32: the role split at 32
+    beside the producer alone, as for RoPE rows); hopper_ws_split32: the role split at 32
     heads per program, as Triton 3.6's plan runs it from 256 tokens), for the rows' QK width;
     the Hopper ones are skipped off SM90; register: the CUDA C++ kernel, for whole 16-head
     blocks, in as few splits as its staged index entries allow, skipped off SM89+ or without
@@ -946,12 +879,11 @@ def gpu_plan(kernel: str, tokens: int, heads: int, width: int, rope: int):
         pytest.skip("the Hopper kernels need an SM90 GPU and Triton's Gluon")
     if kernel.startswith("hopper_wide"):
         q_regs = 0 if kernel == "hopper_wide_smem_q" else None
-        if kernel in ("hopper_wide_helpers", "hopper_wide_alt") and rope:
-            pytest.skip("RoPE rows have one form: the scorer, the output not split off")
+        if kernel == "hopper_wide_helpers" and rope:
+            pytest.skip("the output warpgroups split off for NoPE rows only")
         pv_split = True if kernel == "hopper_wide_helpers" else None
-        alt = True if kernel == "hopper_wide_alt" else None
         return plan_hopper_wide(
-            tokens, heads, width, sms, rope=bool(rope), q_regs=q_regs, pv_split=pv_split, alt=alt
+            tokens, heads, width, sms, rope=bool(rope), q_regs=q_regs, pv_split=pv_split
         )
     if kernel == "hopper_ws_split32":
         return plan_hopper_ws(
@@ -980,7 +912,6 @@ def gpu_plan(kernel: str, tokens: int, heads: int, width: int, rope: int):
         "hopper_wide",
         "hopper_wide_smem_q",
         "hopper_wide_helpers",
-        "hopper_wide_alt",
         "hopper_ws_split32",
         "register",
         "register_split",
@@ -1008,13 +939,6 @@ def test_2cta_pairs_match_the_reference_on_gpu(heads, tokens, width, row_bytes):
     """The 64-head kernel's two head blocks in 2-CTA clusters, each CTA dequantizing half of
     every block for both: every query token under the strict rule, outputs poisoned first (also
     with the second head block partly masked, 100 heads)."""
-    assert wide_form_matches_reference(heads, tokens, width, row_bytes, pair=True).pair
-
-
-def wide_form_matches_reference(heads, tokens, width, row_bytes, **options):
-    """NoPE rows through the 64-head kernel planned with `options`, run twice with the outputs
-    poisoned between, against the reference on every query token; returns the plan (skips off
-    SM90)."""
     from nopebench.impls.native.adapter import hopper_available, native_decode
 
     if not hopper_available(0):
@@ -1023,25 +947,11 @@ def wide_form_matches_reference(heads, tokens, width, row_bytes, **options):
         heads, tokens, width, 0, row_bytes, "cuda", seed=heads + tokens + width, rows=4096
     )
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    plan = plan_hopper_wide(tokens, heads, width, sms, **options)
+    plan = plan_hopper_wide(tokens, heads, width, sms, pair=True)
     got = native_decode(q, cache, idx, SCALE, 0, plan)
     got.out.fill_(float("nan"))
     got = native_decode(q, cache, idx, SCALE, 0, plan)
     assert_matches_reference(got, q, cache, idx, 0)
-    return plan
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("heads, tokens", [(64, 128), (64, 200), (100, 128), (128, 200)])
-@pytest.mark.parametrize("width", [2112, 2176])
-@pytest.mark.parametrize("row_bytes", [528, 656])
-def test_alternate_blocks_match_the_reference_on_gpu(heads, tokens, width, row_bytes):
-    """The 64-head kernel's consumers scoring alternate blocks where the plan would run them
-    with WIDE_ALT on (NoPE rows in one split, unpaired): every query token under the strict
-    rule, outputs poisoned first, with odd and even block counts (33 and 34 blocks of 64
-    entries) and a partly masked head block (100 heads)."""
-    plan = wide_form_matches_reference(heads, tokens, width, row_bytes, pv_split=False, alt=True)
-    assert plan.alt and plan.splits == 1
 
 
 @pytest.mark.gpu
@@ -1118,7 +1028,6 @@ TAIL_COUNTS = (0, 1, 700, 1023, 1024, 1025, 2048, 2049, 2051, 2111, 2112, 2113, 
         "hopper",
         "hopper_ws",
         "hopper_wide",
-        "hopper_wide_alt",
         "hopper_ws_split32",
         "register",
         "register_split",
@@ -1131,7 +1040,7 @@ def test_native_handles_rows_that_end_in_minus_one_padding(kernel, tokens):
     edges, an empty row and a full one, one row also with -1 inside."""
     from nopebench.impls.native.adapter import native_decode
 
-    heads = {"hopper_wide": 64, "hopper_wide_alt": 64, "hopper_ws_split32": 32}.get(kernel, 16)
+    heads = {"hopper_wide": 64, "hopper_ws_split32": 32}.get(kernel, 16)
     q, cache, idx = decode_inputs(heads, tokens, 2176, 0, 528, "cuda", seed=11, rows=4096)
     for t in range(tokens):
         idx[t, TAIL_COUNTS[t % len(TAIL_COUNTS)] :] = -1

@@ -144,11 +144,9 @@ def hopper_variants(
             cands += [dict(kernel="hopper_wide", q_regs=0)]
     if heads > 32 and not rope:
         # NoPE rows' output warpgroups: the scorer running the left half itself (as for RoPE
-        # rows), the two consumers scoring alternate blocks, split off without dequantizing,
-        # and dequantizing 16 rows each.
+        # rows), split off without dequantizing, and dequantizing 16 rows each.
         cands += [
             dict(kernel="hopper_wide", pv_split=False),
-            dict(kernel="hopper_wide", pv_split=False, alt=True),
             dict(kernel="hopper_wide", helpers=0),
             dict(kernel="hopper_wide", helpers=16),
         ]
@@ -248,7 +246,7 @@ def build_plan(tokens: int, heads: int, v: dict, rope: bool = False) -> LaunchPl
             rope=rope,
             **{
                 k: v[k]
-                for k in ("kv_bufs", "p_bufs", "q_regs", "pv_split", "helpers", "pair", "alt")
+                for k in ("kv_bufs", "p_bufs", "q_regs", "pv_split", "helpers", "pair")
                 if k in v
             },
         )
@@ -474,7 +472,6 @@ def main() -> int:
                             "pv_split",
                             "helpers",
                             "pair",
-                            "alt",
                             "l_partial",
                             "passed",
                             "max_abs_err",
@@ -499,7 +496,7 @@ def main() -> int:
             f"H={h:<4} T={t:<4} {m:5} {b.median_ms:.4f} ms  bn={b.block_n} w={b.num_warps} "
             f"pf={b.prefetch} "
             f"st={b.num_stages} sp={b.splits} kv={b.kv_bufs} p={b.p_bufs} q={b.q_regs} "
-            f"pv={b.pv_split} h={b.helpers} pair={b.pair} alt={b.alt} "
+            f"pv={b.pv_split} h={b.helpers} pair={b.pair} "
             f"{b.kernel}{' split' if b.role_split else ''} "
             f"{b.tbps:.2f} TB/s "
             f"{b.tflops:.0f} TFLOP/s"

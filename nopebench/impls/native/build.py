@@ -246,12 +246,11 @@ def compile_ws_shape(
     )
 
 
-def compile_wide_shape(heads: int, tokens: int, rope: bool = False, **options) -> KernelBuild:
-    """The 64-head kernel as `plan_hopper_wide` launches it for `heads` x `tokens` (`options`:
-    the planner's, for a form it does not take by default)."""
+def compile_wide_shape(heads: int, tokens: int, rope: bool = False) -> KernelBuild:
+    """The 64-head kernel as `plan_hopper_wide` launches it for `heads` x `tokens`."""
     from nopebench.impls.native import hopper_wide_decode as wide
 
-    plan = plan_hopper_wide(tokens, heads, 2176, rope=rope, **options)
+    plan = plan_hopper_wide(tokens, heads, 2176, rope=rope)
     row_bytes = g.row_bytes_read(ROPE_DIM if rope else 0)
     constants, options = wide.launch_constants(plan, row_bytes)
     compiled, seconds, registers, stack = _compile(
@@ -274,7 +273,7 @@ def compile_wide_shape(heads: int, tokens: int, rope: bool = False, **options) -
         seconds,
         "wgmma.mma_async" in compiled.asm["ptx"],
         int(compiled.metadata.shared),
-        wide_smem_bytes(plan.num_stages, rope, plan.kv_bufs, plan.p_bufs, plan.alt),
+        wide_smem_bytes(plan.num_stages, rope, plan.kv_bufs, plan.p_bufs),
         registers,
         stack,
         kernel="hopper_wide",

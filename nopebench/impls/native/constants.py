@@ -84,12 +84,6 @@ WIDE_PV_SPLIT_MIN_BLOCKS = 8
 # (`cluster`), in WIDE_PAIR_SLOTS ring slots: on the H200 2-4% faster than unpaired programs
 # with helpers at 64-512 tokens, three slots 2-5% slower than two.
 WIDE_PAIR_SLOTS = 2
-# NoPE rows in one split with the output not split off: the two consumer warpgroups can score
-# alternate blocks, each running its half of the output over every block (`plan_hopper_wide`'s
-# `alt`; the split of FlashMLA's dense SM90 kernel), in place of one scorer beside the right
-# half. It compiles spill-free for sm_90 but has not been run on a GPU, so the plan takes it only
-# when asked for while this is False (results/reference/decode-tuning/alt-blocks/).
-WIDE_ALT = False
 
 # The register kernel (cuda/register_decode.cu, CUDA C++): 16 heads a CTA, 4 warps, one a scale
 # tile, the dequantized rows kept in registers as mma.sync fragments. Its other forms (32 heads

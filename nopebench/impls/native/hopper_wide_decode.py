@@ -18,11 +18,6 @@ softmax and output product one after another in the same warps; its phase probes
   rows of every block, loaded into registers two blocks ahead while it waits for P; the
   producer fills the rest. Without PV_SPLIT (RoPE rows) the scorer runs the left half itself,
   P from registers, and the producer fills every row;
-- with ALT (NoPE rows, the output not split off) there is no scorer: the two consumer
-  warpgroups score alternate blocks, each in its own tile and P buffer, and each runs its half
-  of the output product over every block, its own blocks' and its partner's (`_alt_half`: the
-  split of FlashMLA's dense SM90 kernel). Each score product keeps its 64 x 64 shape and q is
-  read once a block, while the work the scorer carried alone is shared;
 - the right warpgroup stages q's latent lanes (the scorer its RoPE lanes);
 - with PAIR (NoPE rows at 128 heads, `cluster`) the two head blocks of a token run as a 2-CTA
   cluster: each CTA's producer fills half of every block's rows and copies them into the
@@ -74,9 +69,6 @@ PRODUCER_WARPS = 4  # 16-row ring slots
 # (Triton 3.6), a producer with 88 made Triton 3.9 spill (Triton 3.6 takes it with two output
 # warpgroups, where the plan holds q tiles only under 3.6).
 PRODUCER_REGS, RIGHT_REGS = 96, 160
-# With the consumers scoring alternate blocks (ALT): the second consumer and the producer; the
-# first (the default partition) gets the rest, 208.
-ALT_REGS, ALT_PRODUCER_REGS = 216, 80
 
 
 def launch_regs(pv_split: bool) -> int:
@@ -111,13 +103,6 @@ def launch_constants(plan, row_bytes: int, offsets: dict | None = None) -> tuple
     """Constexprs and launch options for a `native.plan_hopper_wide` plan (launcher and build).
     `offsets`: `pair_offsets` of the compiled kernel, for a 2-CTA plan (placeholders otherwise;
     they change no allocation, so a build with them has the launched kernel's layout)."""
-    if plan.alt:
-        p_regs, r_regs = ALT_PRODUCER_REGS, ALT_REGS
-    else:
-        # With both halves on their own warpgroups the scorer gets 512 - 2 * 160 - P_REGS: 8
-        # more from the producer when it holds q tiles in registers.
-        p_regs = PRODUCER_REGS - 8 if plan.pv_split and plan.q_regs else PRODUCER_REGS
-        r_regs = RIGHT_REGS
     constants = dict(
         BLOCK_N=plan.block_n,
         ROW_BYTES=row_bytes,
@@ -129,13 +114,14 @@ def launch_constants(plan, row_bytes: int, offsets: dict | None = None) -> tuple
         P_BUFS=plan.p_bufs,
         RING_SLOTS=plan.num_stages,
         P_WARPS=PRODUCER_WARPS,
-        P_REGS=p_regs,
-        R_REGS=r_regs,
+        # With both halves on their own warpgroups the scorer gets 512 - 2 * 160 - P_REGS: 8
+        # more from the producer when it holds q tiles in registers.
+        P_REGS=PRODUCER_REGS - 8 if plan.pv_split and plan.q_regs else PRODUCER_REGS,
+        R_REGS=RIGHT_REGS,
         Q_REGS=plan.q_regs,
         PV_SPLIT=plan.pv_split,
         HELPERS=plan.helpers,  # rows of every block each output warpgroup dequantizes
         PAIR=plan.pair,
-        ALT=plan.alt,
         **(offsets or PLACEHOLDER_OFFSETS),
     )
     return constants, {"num_warps": 4, "maxnreg": launch_regs(plan.pv_split)}
@@ -243,13 +229,11 @@ def _block_scores(
     s_layout: gl.constexpr,
     Q_REGS: gl.constexpr,
     FENCE: gl.constexpr = False,
-    qo=0,
 ):
     """Waits for block i's tile and issues S = Q K^T over the four 128-wide tiles (+ Q_rope
     K_rope^T over the RoPE tile, as `hopper_decode`'s fifth group): four (five) async wgmma
     groups, accumulated in fp32 in that order. q's first Q_REGS tiles come from the registers
-    in `qa`, the rest from `q_smem`, tile t at index t + `qo` (always 0; `_alt_half` passes a
-    value the compiler cannot fold)."""
+    in `qa`, the rest from `q_smem`."""
     bufs: gl.constexpr = kv_bufs[0].shape[0]
     b = i % bufs
     mbarrier.wait(full_bars.index(b), (i // bufs) & 1)
@@ -261,7 +245,7 @@ def _block_scores(
             s = warpgroup_mma(qa[t], kv_bufs[t].index(b).permute((1, 0)), s, is_async=True)
         else:
             s = warpgroup_mma(
-                q_smem.index(t + qo), kv_bufs[t].index(b).permute((1, 0)), s, is_async=True
+                q_smem.index(t), kv_bufs[t].index(b).permute((1, 0)), s, is_async=True
             )
     if ROPE:
         s = warpgroup_mma(qr_smem, rope_bufs.index(b).permute((1, 0)), s, is_async=True)
@@ -270,9 +254,8 @@ def _block_scores(
 
 @gluon.jit
 def _hand_over(p, alpha, p_smem, a_smem, p_full, p_empty, i):
-    """P (bf16) and a per-head vector (the rescale factor; with ALT the running max) of block i
-    to the other warpgroup, into the P buffer it has finished with. Returns P for this
-    warpgroup's own product."""
+    """P (bf16) and the rescale factor of block i to the right warpgroup, into the P buffer it
+    has finished with. Returns P for this warpgroup's own product."""
     p16 = p.to(gl.bfloat16)
     bufs: gl.constexpr = p_smem.shape[0]
     b = i % bufs
@@ -323,22 +306,6 @@ def _store_half(
     ty = out_ptr.dtype.element_ty
     gl.store(ptrs, (oa * inv_o).to(ty), mask=mask)
     gl.store(ptrs + TILE, (ob * inv_o).to(ty), mask=mask)
-
-
-@gluon.jit
-def _store_lse(m_i, l_i, lse_ptr, tok, hb, split, heads, stride_lt, stride_ls, row_l: gl.constexpr):
-    """The log-sum-exp of each head's scores (natural log; -inf where no entry was valid) from
-    the running max (log2 units) and the softmax denominator."""
-    has = l_i > 0
-    lse = gl.where(
-        has, (m_i + gl.log2(gl.where(has, l_i, 1.0))) / 1.4426950408889634, float("-inf")
-    )
-    offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=row_l)
-    gl.store(
-        lse_ptr + split.to(gl.int64) * stride_ls + tok.to(gl.int64) * stride_lt + offs_h,
-        lse,
-        mask=offs_h < heads,
-    )
 
 
 @gluon.jit
@@ -672,8 +639,14 @@ def _scorer(
             0,
             o_layout,
         )
-    _store_lse(
-        m_i, l_i, lse_ptr, tok, hb, split, heads, stride_lt, stride_ls, gl.SliceLayout(1, s_layout)
+    lse = gl.where(
+        has, (m_i + gl.log2(gl.where(has, l_i, 1.0))) / 1.4426950408889634, float("-inf")
+    )
+    offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_layout))
+    gl.store(
+        lse_ptr + split.to(gl.int64) * stride_ls + tok.to(gl.int64) * stride_lt + offs_h,
+        lse,
+        mask=offs_h < heads,
     )
     if PAIR:
         _cluster_sync(4)
@@ -799,187 +772,6 @@ def _half(
     )
     if PAIR:
         _cluster_sync(4)
-
-
-@gluon.jit
-def _alt_take(
-    p_smem,
-    m_smem,
-    p_full,
-    kv_bufs,
-    i,
-    b,
-    oa,
-    ob,
-    m_i,
-    l_i,
-    HALF: gl.constexpr,
-    o_layout: gl.constexpr,
-    row_l: gl.constexpr,
-):
-    """The partner's block i: waits for its P and running max, rescales by the factor the
-    partner applied (the same arithmetic on the same two maxima, so the same factor) and issues
-    this warpgroup's half of the output product with P from shared memory."""
-    mbarrier.wait(p_full.index(b), (i // 2) & 1)
-    m_new = m_smem.index(b).load(row_l)
-    alpha = gl.exp2(m_i - gl.where(m_new == float("-inf"), 0.0, m_new))
-    oa, ob = _half_product(p_smem.index(b), kv_bufs, b, oa, ob, alpha, HALF, o_layout)
-    return oa, ob, m_new, l_i * alpha
-
-
-@gluon.jit
-def _alt_half(
-    q_ptr,
-    out_ptr,
-    lse_ptr,
-    idx_ptr,
-    q_smem,
-    kv_bufs,
-    p_smem,
-    m_smem,
-    ls_smem,
-    full_bars,
-    empty_bars,
-    p_full,
-    p_empty,
-    fin_bar,
-    q_bar,
-    heads,
-    width,
-    entries_per_split,
-    qk_scale_log2,
-    tokens,
-    stride_qt,
-    stride_qh,
-    stride_it,
-    stride_ot,
-    stride_oh,
-    stride_os,
-    stride_lt,
-    stride_ls,
-    BLOCK_N: gl.constexpr,
-    BLOCKS: gl.constexpr,
-    HEAD_BLOCKS: gl.constexpr,
-    ONE_SPLIT: gl.constexpr,
-    s_layout: gl.constexpr,
-    o_layout: gl.constexpr,
-    q_layout: gl.constexpr,
-    HALF: gl.constexpr,
-):
-    """NoPE rows, the two consumer warpgroups scoring alternate blocks: warpgroup HALF scores
-    the blocks of its parity (in tile HALF: two tiles) and runs O[:, HALF * 256:(HALF + 1) * 256]
-    over every block. The running max passes from one to the other with each block's P, so the
-    online softmax runs in block order; each issues its next block's scores before it takes
-    the partner's P, so a score product runs while the other warpgroup's softmax does. Each keeps
-    the denominator of its own blocks, rescaled by every factor, summed after the last block.
-    Warpgroup 1 stages q, warpgroup 0 writes the log-sum-exp."""
-    row_l: gl.constexpr = gl.SliceLayout(1, s_layout)
-    pid, nprog, splits, items = _stream(tokens, width, entries_per_split, HEAD_BLOCKS, ONE_SPLIT)
-    tok, hb, split, idx_row, start, end = _item(
-        pid, idx_ptr, width, entries_per_split, stride_it, splits, HEAD_BLOCKS
-    )
-    if HALF == 1:
-        _stage_q(
-            q_ptr, q_smem, q_smem, tok, hb, heads, stride_qt, stride_qh, BLOCK_H, False, q_layout
-        )
-        fence_async_shared()  # generic-proxy stores -> both warpgroups' wgmma
-        mbarrier.arrive(q_bar, count=1)
-    blocks = blocks_in_use(idx_row, start, end, BLOCKS, BLOCK_N, 4)
-    mbarrier.wait(q_bar, 0)
-    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, row_l)
-    l_i = gl.zeros([BLOCK_H], gl.float32, row_l)
-    oa = gl.zeros([BLOCK_H, TILE], gl.float32, o_layout)
-    ob = gl.zeros([BLOCK_H, TILE], gl.float32, o_layout)
-    MINE: gl.constexpr = HALF  # the tile and P buffer of this warpgroup's blocks
-    THEIRS: gl.constexpr = 1 - HALF
-    if HALF == 0:  # noqa: SIM102 (a constexpr if) block 0: no partner's block before it
-        if blocks > 0:
-            valid = _block_valid(idx_row, start, end, 0, BLOCK_N, s_layout)
-            # (q_smem stands in for q's register tiles and the RoPE buffers, which NoPE rows
-            # leave untouched)
-            s = _block_scores(
-                q_smem, q_smem, q_smem, kv_bufs, q_smem, full_bars, 0, BLOCK_N, False, s_layout, 0
-            )
-            s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-            p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, qk_scale_log2, KEYS=1)
-            _hand_over(p, m_i, p_smem, m_smem, p_full, p_empty, 0)
-            oa, ob = _half_product(p_smem.index(MINE), kv_bufs, MINE, oa, ob, alpha, 0, o_layout)
-            oa, ob = warpgroup_mma_wait(num_outstanding=0, deps=(oa, ob))
-            mbarrier.arrive(empty_bars.index(MINE), count=1)
-    # A step the compiler cannot prove even (it is 2: no program has 2^30 blocks), so that the
-    # tile index j % 2 stays a loop value and the wgmma descriptors are formed at each issue
-    # rather than held in registers (or spilled) across the loop.
-    step = 2 + (blocks >= 1 << 30).to(gl.int32)
-    for j in range(2 - HALF, blocks, step):  # this warpgroup's block j, the partner's j - 1
-        jb = j % 2
-        valid = _block_valid(idx_row, start, end, j, BLOCK_N, s_layout)
-        s = _block_scores(
-            q_smem,
-            q_smem,
-            q_smem,
-            kv_bufs,
-            q_smem,
-            full_bars,
-            j,
-            BLOCK_N,
-            False,
-            s_layout,
-            0,
-            qo=j >> 30,
-        )
-        oa, ob, m_i, l_i = _alt_take(
-            p_smem,
-            m_smem,
-            p_full,
-            kv_bufs,
-            j - 1,
-            THEIRS,
-            oa,
-            ob,
-            m_i,
-            l_i,
-            HALF,
-            o_layout,
-            row_l,
-        )
-        s = warpgroup_mma_wait(num_outstanding=2, deps=(s,))  # the two output groups run on
-        p, alpha, m_i, l_i = _softmax_step(s, valid, m_i, l_i, qk_scale_log2, KEYS=1)
-        _hand_over(p, m_i, p_smem, m_smem, p_full, p_empty, j)  # P and the new running max
-        oa, ob = warpgroup_mma_wait(num_outstanding=0, deps=(oa, ob))
-        mbarrier.arrive(p_empty.index(1 - jb), count=1)
-        mbarrier.arrive(empty_bars.index(1 - jb), count=1)
-        oa, ob = _half_product(p_smem.index(jb), kv_bufs, jb, oa, ob, alpha, HALF, o_layout)
-        oa, ob = warpgroup_mma_wait(num_outstanding=0, deps=(oa, ob))
-        mbarrier.arrive(empty_bars.index(jb), count=1)
-    if blocks > 0 and (blocks - 1) % 2 != HALF:  # the partner's block is the last
-        oa, ob, m_i, l_i = _alt_take(
-            p_smem,
-            m_smem,
-            p_full,
-            kv_bufs,
-            blocks - 1,
-            THEIRS,
-            oa,
-            ob,
-            m_i,
-            l_i,
-            HALF,
-            o_layout,
-            row_l,
-        )
-        oa, ob = warpgroup_mma_wait(num_outstanding=0, deps=(oa, ob))
-        mbarrier.arrive(empty_bars.index(THEIRS), count=1)
-    ls_smem.index(HALF).store(l_i)
-    mbarrier.arrive(fin_bar, count=1)
-    mbarrier.wait(fin_bar, 0)
-    l_all = ls_smem.index(0).load(row_l) + ls_smem.index(1).load(row_l)
-    has = l_all > 0
-    inv = gl.where(has, 1.0 / gl.where(has, l_all, 1.0), 0.0)
-    _store_half(
-        oa, ob, inv, out_ptr, tok, hb, split, heads, stride_ot, stride_oh, stride_os, HALF, o_layout
-    )
-    if HALF == 0:
-        _store_lse(m_i, l_all, lse_ptr, tok, hb, split, heads, stride_lt, stride_ls, row_l)
 
 
 @gluon.jit
@@ -1155,7 +947,6 @@ def hopper_wide_decode_kernel(
     PV_SPLIT: gl.constexpr,
     HELPERS: gl.constexpr,
     PAIR: gl.constexpr,
-    ALT: gl.constexpr,
     KV_OFF: gl.constexpr,
     KV_STEP: gl.constexpr,
     FULL_OFF: gl.constexpr,
@@ -1166,9 +957,7 @@ def hopper_wide_decode_kernel(
     # BLOCKS: BLOCK_N-row blocks per program (entries_per_split / BLOCK_N); KV_BUFS: dequantized
     # tiles; P_BUFS: P tiles handed to the right warpgroup; RING_SLOTS: producer
     # ring slots of 4 * P_WARPS rows; P_REGS, R_REGS: the producer's and right warpgroup's
-    # register budgets (setmaxnreg); Q_REGS: q's latent tiles the scorer holds in registers;
-    # ALT: the two consumer warpgroups score alternate blocks (`_alt_half`: a P tile each, R_REGS
-    # the budget of the second).
+    # register budgets (setmaxnreg); Q_REGS: q's latent tiles the scorer holds in registers.
     SUB: gl.constexpr = 4 * P_WARPS
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
@@ -1187,12 +976,8 @@ def hopper_wide_decode_kernel(
     q_smem = gl.allocate_shared_memory(gl.bfloat16, [4, BLOCK_H, TILE], q_shared)
     qr_smem = _q_rope_buffer(q_smem, BLOCK_H, ROPE)
     p_smem = gl.allocate_shared_memory(gl.bfloat16, [P_BUFS, BLOCK_H, BLOCK_N], p_shared)
-    if ALT:  # each block's running max beside its P, and the two warpgroups' denominators
-        m_smem = gl.allocate_shared_memory(gl.float32, [P_BUFS, BLOCK_H], vec)
-        ls_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_H], vec)
-    else:  # P's rescale factors, and 1/l for the output warpgroups
-        a_smem = gl.allocate_shared_memory(gl.float32, [P_BUFS, BLOCK_H], vec)
-        inv_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], vec)
+    a_smem = gl.allocate_shared_memory(gl.float32, [P_BUFS, BLOCK_H], vec)
+    inv_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], vec)
     full_bars = gl.allocate_shared_memory(gl.int64, [KV_BUFS, 1], mbarrier.MBarrierLayout())
     empty_bars = gl.allocate_shared_memory(gl.int64, [KV_BUFS, 1], mbarrier.MBarrierLayout())
     p_full = gl.allocate_shared_memory(gl.int64, [P_BUFS, 1], mbarrier.MBarrierLayout())
@@ -1209,7 +994,7 @@ def hopper_wide_decode_kernel(
     for b in gl.static_range(P_BUFS):
         mbarrier.init(p_full.index(b), count=1)
         mbarrier.init(p_empty.index(b), count=2 if PV_SPLIT else 1)  # the warpgroups P is for
-    mbarrier.init(fin_bar, count=2 if ALT else 1)
+    mbarrier.init(fin_bar, count=1)
     mbarrier.init(q_bar, count=1)
 
     # (Tuples of the partitions' arguments would lose their constexpr-ness, so each branch
@@ -1381,127 +1166,6 @@ def hopper_wide_decode_kernel(
             ],
             [4, 4, P_WARPS],
             [R_REGS, R_REGS, P_REGS],
-        )
-    elif ALT:
-        gl.warp_specialize(
-            [
-                (
-                    _alt_half,
-                    (
-                        q_ptr,
-                        out_ptr,
-                        lse_ptr,
-                        idx_ptr,
-                        q_smem,
-                        kv_bufs,
-                        p_smem,
-                        m_smem,
-                        ls_smem,
-                        full_bars,
-                        empty_bars,
-                        p_full,
-                        p_empty,
-                        fin_bar,
-                        q_bar,
-                        heads,
-                        width,
-                        entries_per_split,
-                        qk_scale_log2,
-                        tokens,
-                        stride_qt,
-                        stride_qh,
-                        stride_it,
-                        stride_ot,
-                        stride_oh,
-                        stride_os,
-                        stride_lt,
-                        stride_ls,
-                        BLOCK_N,
-                        BLOCKS,
-                        HEAD_BLOCKS,
-                        ONE_SPLIT,
-                        s_layout,
-                        o_layout,
-                        q_layout,
-                        0,
-                    ),
-                ),
-                (
-                    _alt_half,
-                    (
-                        q_ptr,
-                        out_ptr,
-                        lse_ptr,
-                        idx_ptr,
-                        q_smem,
-                        kv_bufs,
-                        p_smem,
-                        m_smem,
-                        ls_smem,
-                        full_bars,
-                        empty_bars,
-                        p_full,
-                        p_empty,
-                        fin_bar,
-                        q_bar,
-                        heads,
-                        width,
-                        entries_per_split,
-                        qk_scale_log2,
-                        tokens,
-                        stride_qt,
-                        stride_qh,
-                        stride_it,
-                        stride_ot,
-                        stride_oh,
-                        stride_os,
-                        stride_lt,
-                        stride_ls,
-                        BLOCK_N,
-                        BLOCKS,
-                        HEAD_BLOCKS,
-                        ONE_SPLIT,
-                        s_layout,
-                        o_layout,
-                        q_layout,
-                        1,
-                    ),
-                ),
-                (
-                    _wide_producer,
-                    (
-                        cache_ptr,
-                        idx_ptr,
-                        width,
-                        entries_per_split,
-                        stride_it,
-                        tokens,
-                        raw_k,
-                        raw_s,
-                        raw_r,
-                        idx_ring,
-                        kv_bufs,
-                        rope_bufs,
-                        full_bars,
-                        empty_bars,
-                        BLOCK_N,
-                        BLOCKS,
-                        ROW_BYTES,
-                        ROPE,
-                        RING_SLOTS,
-                        P_WARPS,
-                        HEAD_BLOCKS,
-                        ONE_SPLIT,
-                        BLOCK_N // SUB,
-                        PAIR,
-                        KV_OFF,
-                        KV_STEP,
-                        FULL_OFF,
-                    ),
-                ),
-            ],
-            [4, P_WARPS],
-            [R_REGS, P_REGS],
         )
     else:
         gl.warp_specialize(

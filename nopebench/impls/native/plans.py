@@ -22,7 +22,6 @@ from nopebench.impls.native.constants import (
     REG_STAGES,
     RING_ROPE_BYTES,
     RING_ROW_BYTES,
-    WIDE_ALT,
     WIDE_BLOCK_H,
     WIDE_BLOCK_N,
     WIDE_HELP_ROWS,
@@ -72,7 +71,6 @@ class LaunchPlan:
     pv_split: bool = False  # hopper_wide: both output halves in warpgroups of their own
     helpers: int = 0  # hopper_wide with pv_split: rows of every block each output warpgroup fills
     pair: bool = False  # hopper_wide: head blocks in 2-CTA clusters sharing each block's rows
-    alt: bool = False  # hopper_wide: the two consumer warpgroups score alternate blocks
     l_partial: bool = False  # hopper_ws: softmax sums kept per thread, summed after the last block
 
     @property
@@ -349,25 +347,18 @@ def wide_block_n(rope: bool) -> int:
 
 
 def wide_smem_bytes(
-    slots: int,
-    rope: bool = False,
-    kv_bufs: int = WIDE_KV_BUFS,
-    p_bufs: int = WIDE_P_BUFS,
-    alt: bool = False,
+    slots: int, rope: bool = False, kv_bufs: int = WIDE_KV_BUFS, p_bufs: int = WIDE_P_BUFS
 ) -> int:
     """Shared memory of the 64-head kernel: the producer's ring (fp8 tiles, scales, index
     entries), the `kv_bufs` dequantized tiles, q, the `p_bufs` P tiles and their rescale
     factors, 1/l, mbarriers and compiler scratch. With `rope` every row of the ring, of the
-    tiles and of q also holds 64 bf16 RoPE lanes, and the blocks are `wide_block_n(True)` rows.
-    With `alt` each P tile's running max takes its rescale factor's place, and the two
-    warpgroups' denominators that of 1/l."""
+    tiles and of q also holds 64 bf16 RoPE lanes, and the blocks are `wide_block_n(True)` rows."""
     rope_row = RING_ROPE_BYTES if rope else 0
     block_n = wide_block_n(rope)
     ring = slots * WIDE_RING_ROWS * (RING_ROW_BYTES + rope_row)
     tiles = (kv_bufs * block_n + WIDE_BLOCK_H) * (512 * 2 + rope_row)
     p_tiles = p_bufs * WIDE_BLOCK_H * block_n * 2
-    vectors = (p_bufs + (2 if alt else 1)) * WIDE_BLOCK_H * 4
-    return ring + tiles + p_tiles + vectors + 1024
+    return ring + tiles + p_tiles + (p_bufs + 1) * WIDE_BLOCK_H * 4 + 1024
 
 
 @functools.cache
@@ -396,7 +387,6 @@ def plan_hopper_wide(
     pv_split: bool | None = None,
     helpers: int | None = None,
     pair: bool | None = None,
-    alt: bool | None = None,
 ) -> LaunchPlan:
     """Launch shape for the 64-head SM90 kernel: as many producer ring slots as shared memory
     holds beside `kv_bufs` tiles and `p_bufs` P tiles (three for NoPE rows; WIDE_ROPE_SLOTS with
@@ -412,10 +402,11 @@ def plan_hopper_wide(
     two head blocks of a token in a 2-CTA cluster, each CTA dequantizing half of every block
     for both (`cluster`; NoPE rows, two head blocks, one split, the output split off, no
     helper rows), by default wherever that holds and `helpers` is not given, in
-    WIDE_PAIR_SLOTS ring slots. `alt`: the two consumer warpgroups score alternate blocks, each
-    running its half of the output over every block (NoPE rows, the output not split off; a P
-    tile each, q all in shared memory); with WIDE_ALT, by default wherever that holds in one
-    split."""
+    WIDE_PAIR_SLOTS ring slots."""
+    if q_regs is None:
+        q_regs = wide_q_reg_tiles(rope, installed_triton())
+    if not 0 <= q_regs <= 3:
+        raise ValueError(f"the scorer holds 0 to 3 of q's latent tiles in registers, not {q_regs}")
     block_n = wide_block_n(rope)
     head_blocks, splits, per_split = _split_one_per_sm(
         tokens, heads, width, WIDE_BLOCK_H, block_n, sms, splits, fill=-(-sms // 2)
@@ -429,28 +420,15 @@ def plan_hopper_wide(
         )
     if pair is None:
         pair = helpers is None and pairable and pv_split
-    if alt is None:  # not with the rows split: there Triton 3.9 spills 32 bytes outside the loop
-        alt = WIDE_ALT and not rope and not pv_split and splits == 1 and not q_regs
-    if alt and (rope or pv_split or q_regs or kv_bufs != 2):
-        raise ValueError(
-            "the consumers score alternate blocks of NoPE rows only, without pv_split, with q all "
-            "in shared memory and two tiles (one a warpgroup)"
-        )
-    if alt:  # a P tile a warpgroup, beside its tile
-        p_bufs, q_regs = 2, 0
-    elif q_regs is None:
-        q_regs = wide_q_reg_tiles(rope, installed_triton())
-    if not 0 <= q_regs <= 3:
-        raise ValueError(f"the scorer holds 0 to 3 of q's latent tiles in registers, not {q_regs}")
     if slots is None and rope:
         slots = WIDE_ROPE_SLOTS
     if slots is None and pair:
         slots = WIDE_PAIR_SLOTS
     if slots is None:
         slots = 1
-        while wide_smem_bytes(slots + 1, rope, kv_bufs, p_bufs, alt) <= HOPPER_SMEM:
+        while wide_smem_bytes(slots + 1, rope, kv_bufs, p_bufs) <= HOPPER_SMEM:
             slots += 1
-    if wide_smem_bytes(slots, rope, kv_bufs, p_bufs, alt) > HOPPER_SMEM:
+    if wide_smem_bytes(slots, rope, kv_bufs, p_bufs) > HOPPER_SMEM:
         raise ValueError(
             f"{slots} ring slots, {kv_bufs} tiles and {p_bufs} P tiles need more shared memory "
             "than SM90 has"
@@ -485,7 +463,6 @@ def plan_hopper_wide(
         pv_split=pv_split,
         helpers=helpers,
         pair=pair,
-        alt=alt,
     )
 
 
