@@ -31,15 +31,15 @@ python3 - $W $OUT <<'PY'
 import csv, glob, io, os, sys
 work, out = sys.argv[1:3]
 rows = []
-for path in sorted(glob.glob(os.path.join(work, "*.csv"))):
-    impl, cell = os.path.basename(path)[:-4].rsplit("_", 1)
+for path in sorted(glob.glob(os.path.join(work, "*.ncu.log"))):  # ncu writes its CSV there
+    impl, cell = os.path.basename(path)[: -len(".ncu.log")].rsplit("_", 1)
     text = open(path).read()
     start = text.find('"ID"')
     if start < 0:
         continue
     for r in csv.DictReader(io.StringIO(text[start:])):
-        if r.get("Metric Name") is None or r.get("Kernel Name") is None:
-            continue  # a line of the program's own output
+        if not r.get("Metric Name") or r.get("Kernel Name") is None:
+            continue  # a rule's advice, or a line of ncu's own
         rows.append(dict(impl=impl, cell=cell, kernel=r["Kernel Name"][:80], launch=r["ID"],
                          section=r["Section Name"], metric=r["Metric Name"],
                          unit=r["Metric Unit"], value=r["Metric Value"]))
