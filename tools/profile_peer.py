@@ -20,7 +20,7 @@ from nopebench.bench.decode_cases import DecodeCase, build_cache, make_problem
 from nopebench.bench.decode_runner import check_output
 from nopebench.config import load_model_config
 from nopebench.impls import registry as impl_registry
-from nopebench.impls.reference import sparse_decode_reference
+from nopebench.impls.reference import reference_of
 
 CHECK_TOKENS = 8
 
@@ -45,15 +45,10 @@ def main() -> int:
     problem = make_problem(case, cache, usable, model, 0)
     # Plans, JIT builds and the check's two runs all happen before the range.
     run = impl_registry.prepare(problem, args.impl)
-    ref, lse = sparse_decode_reference(
-        problem.q[:CHECK_TOKENS],
-        cache,
-        problem.indices[:CHECK_TOKENS],
-        problem.softmax_scale,
-        problem.rope_dim,
-    )
+    tokens = min(CHECK_TOKENS, args.tokens)
+    ref, lse = reference_of(problem, tokens)
     tolerance = impl_registry.lookup(args.impl).tolerance
-    check = check_output(run, ref, lse, min(CHECK_TOKENS, args.tokens), tolerance)
+    check = check_output(run, ref, lse, tokens, tolerance)
     if not check["passed"]:
         print(f"error: {args.impl} on {case.case_id}: {check['check_detail']}", file=sys.stderr)
         return 1

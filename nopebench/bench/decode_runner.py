@@ -23,7 +23,7 @@ from nopebench.bench.timing import Ceilings, rotation_count, time_gpu
 from nopebench.config import ModelConfig
 from nopebench.impls import registry as impl_registry
 from nopebench.impls.interface import STRICT, DecodeOutput, ImplSpec, Tolerance
-from nopebench.impls.reference import sparse_decode_reference
+from nopebench.impls.reference import reference_of
 
 
 def roofline_ms(case: DecodeCase, ceil: Ceilings) -> float:
@@ -113,13 +113,7 @@ def run_case(
     problem0 = make_problem(case, cache, usable, model, 0)
     sets = rotation_count(case.query_tokens * case.active * case.row_bytes, l2_bytes)
     problems = [problem0] + [make_problem(case, cache, usable, model, i) for i in range(1, sets)]
-    ref_out, ref_lse = sparse_decode_reference(
-        problem0.q[:check_tokens],
-        cache,
-        problem0.indices[:check_tokens],
-        problem0.softmax_scale,
-        problem0.rope_dim,
-    )
+    ref_out, ref_lse = reference_of(problem0, check_tokens)
     rows = []
     for name in impls:
         spec = registry[name]

@@ -101,14 +101,22 @@ def check_decode_args(
         )
 
 
+def reference_of(
+    problem: DecodeProblem, tokens: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference's output and log-sum-exp for the first `tokens` query tokens of `problem`
+    (all of them by default)."""
+    t = problem.q.shape[0] if tokens is None else tokens
+    return sparse_decode_reference(
+        problem.q[:t], problem.cache, problem.indices[:t], problem.softmax_scale, problem.rope_dim
+    )
+
+
 def _reference_prepare(problem: DecodeProblem) -> DecodeRun:
     """The reference needs no preparation; its closure is the whole computation."""
 
     def run() -> DecodeOutput:
-        out, lse = sparse_decode_reference(
-            problem.q, problem.cache, problem.indices, problem.softmax_scale, problem.rope_dim
-        )
-        return DecodeOutput(out, lse)
+        return DecodeOutput(*reference_of(problem))
 
     return run
 
