@@ -27,15 +27,17 @@ CHECK_TOKENS = 8
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--impl", required=True, help="a bench-decode implementation name")
+    ap.add_argument("--impl", required=True, choices=impl_registry.names())
     ap.add_argument("--heads", type=int, default=128)
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--width", type=int, default=2176)
     ap.add_argument("--active", type=int, default=2051)
-    ap.add_argument("--mode", default="nope", help="nope or shim")
+    ap.add_argument("--mode", default="nope", choices=("nope", "shim"))
     ap.add_argument("--rows", type=int, default=1 << 20, help="cache rows (bench-decode's)")
     ap.add_argument("--launches", type=int, default=2, help="launches inside the range")
-    ap.add_argument("--device", default="cuda", help="cpu: a dry run (no range) of the CPU impls")
+    ap.add_argument(
+        "--device", default="cuda", choices=("cuda", "cpu"), help="cpu: a dry run, no range"
+    )
     args = ap.parse_args()
     model = load_model_config("glm53-flash")
     case = DecodeCase(args.heads, args.tokens, args.width, args.active, args.mode)
