@@ -3,7 +3,8 @@
 # FlashMLA), the same cell's inputs for each (tools/profile_peer.py: bench-decode's cache,
 # queries and index rows, checked before the profiled launches), at the cells where native is
 # furthest from the done-when: 128 x 512, 64 x 512, 32 x 512 (NoPE, width 2176, 2051 active).
-# Carry .whl and .flashmla. Under $OUT: profiles.tar.gz (every ncu CSV and log), metrics.csv
+# Carry .whl and .flashmla. Under $OUT: profiles.tar.gz (each run's ncu log, which holds its CSV,
+# and the program's output), metrics.csv
 # (long form: impl, cell, kernel, launch, section, metric, unit, value), summary.txt (the key
 # metrics, one column a kernel), env.json.
 set -uo pipefail
@@ -23,8 +24,8 @@ for cell in ${CELLS:-128x512 64x512 32x512}; do
     tag=${impl}_h${h}t${t}
     timeout $left ncu --clock-control none --nvtx --nvtx-include "profile/" $ARGS --csv --page details \
       --log-file $W/$tag.ncu.log python3 tools/profile_peer.py --impl $impl --heads $h --tokens $t \
-      > $W/$tag.csv 2> $W/$tag.err
-    echo "$tag rc $? at $(( $(date +%s) - T0 )) s: $(tail -1 $W/$tag.ncu.log 2>/dev/null) $(tail -1 $W/$tag.err)"
+      > $W/$tag.out 2> $W/$tag.err  # ncu's own output, its CSV included, goes to the log
+    echo "$tag rc $? at $(( $(date +%s) - T0 )) s: $(tail -1 $W/$tag.out) $(tail -1 $W/$tag.err)"
   done
 done
 python3 - $W $OUT <<'PY'
