@@ -70,6 +70,14 @@ def write_csv(path: Path, rows: list[dict[str, Any]], columns: list[str] | None 
     return path
 
 
+def read_csv(path: Path) -> pd.DataFrame:
+    """A results CSV, every float read back exactly as written (pandas 3 does so by default;
+    earlier pandas needs its round-trip parser, an option pandas 3 deprecates)."""
+    if int(pd.__version__.split(".")[0]) >= 3:
+        return pd.read_csv(path)
+    return pd.read_csv(path, float_precision="round_trip")
+
+
 def process_start(pid: int) -> int | None:
     """When process `pid` started, in clock ticks since boot (Linux); None if unknown.
 

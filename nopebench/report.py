@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from nopebench.errors import UsageError
-from nopebench.records import RUN_FILE, read_run, run_status
+from nopebench.records import RUN_FILE, read_csv, read_run, run_status
 
 KIND_ORDER = ("run", "verify-layout", "check-pagetable", "bench-decode", "bench-cache", "gsm8k")
 EXCLUDED_KINDS = {"report"}
@@ -97,7 +97,7 @@ def md_table(columns: list[str], rows: list[list[object]]) -> str:
 
 def _csv(run: Path, name: str) -> pd.DataFrame | None:
     path = run / name
-    return pd.read_csv(path, float_precision="round_trip") if path.is_file() else None
+    return read_csv(path) if path.is_file() else None
 
 
 def _short(text: object, limit: int = 160) -> str:

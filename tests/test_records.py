@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from nopebench.records import RunDir, latest_run, read_run, write_csv, write_json
+from nopebench.records import RunDir, latest_run, read_csv, read_run, write_csv, write_json
 
 
 def strict_load(path: Path):
@@ -107,10 +107,13 @@ def test_json_has_no_nan_literals(tmp_path):
 
 
 def test_csv_is_full_precision(tmp_path):
+    rng = np.random.default_rng(0)
+    spread = rng.standard_normal(5000) * 10.0 ** rng.integers(-30, 30, 5000)
     values = [0.1, 1 / 3, 1e-300, 5e-324, 2.0**-133, 123456789.123456789, -0.0, math.pi]
+    values += spread.tolist()
     rows = [{"run": "r", "i": i, "value": v, "passed": i % 2 == 0} for i, v in enumerate(values)]
     path = write_csv(tmp_path / "x.csv", rows)
-    back = pd.read_csv(path)
+    back = read_csv(path)  # what report and compare read records with
     assert back["value"].tolist() == values
     assert back["passed"].tolist() == [r["passed"] for r in rows]
 

@@ -22,7 +22,7 @@ import pandas as pd
 from nopebench.bench import acceptance
 from nopebench.commands.options import DEFAULT_NOISE_FLOOR
 from nopebench.errors import UsageError
-from nopebench.records import RUN_FILE, read_run
+from nopebench.records import RUN_FILE, read_csv, read_run
 
 CELL_KEYS: dict[str, tuple[str, ...]] = {
     "bench-decode": ("case", "impl"),
@@ -38,7 +38,7 @@ def read_results(path: Path, label: str, required: tuple[str, ...], what: str) -
     if not path.is_file():
         raise UsageError(f"{label} {path}: not a file (give {what})")
     try:
-        df = pd.read_csv(path, float_precision="round_trip")
+        df = read_csv(path)
     except Exception as exc:  # noqa: BLE001 - any parse failure is the same usage error
         raise UsageError(f"{label} {path}: cannot read as CSV ({type(exc).__name__})") from None
     missing = set(required) - set(df.columns)
