@@ -299,6 +299,7 @@ def section_bench_decode(run: Path, assets: Path) -> str:
         "implementation's accuracy class.\n\n"
     )
     text += _implementations(df) + "\n" + md_table(["case", *pivot.columns], rows)
+    text += _kernels(timed)
     answer = acceptance.nope_answer(df)
     if not answer.empty:
         text += (
@@ -347,6 +348,28 @@ def section_bench_decode(run: Path, assets: Path) -> str:
     text += "".join(f"\n- `{r.impl}` not run: {r.skipped}" for r in skipped.itertuples())
     text += "\n" + "".join(f"\n![{p.stem}]({p.name})\n" for p in plots)
     return text
+
+
+def _kernels(timed: pd.DataFrame) -> str:
+    """Which kernel each implementation that names one ran, and at which cells (heads x
+    tokens, mode, width), from the timed rows' `kernel` column."""
+    if "kernel" not in timed:
+        return ""
+    named = timed[timed.kernel.notna()]
+    if named.empty:
+        return ""
+    lines = []
+    for (impl, kernel), rows in named.groupby(["impl", "kernel"], sort=False):
+        cells = ", ".join(
+            f"{r.heads}x{r.query_tokens} {r.mode} w{r.width}" for r in rows.itertuples()
+        )
+        lines.append(f"- `{impl}`, {kernel}: {cells}")
+    return (
+        "\n### Kernels each cell ran\n\nWhat each implementation that chooses or pads by shape "
+        "ran (cells as heads x query tokens, mode, width; `kernel` in results.csv):\n\n"
+        + "\n".join(lines)
+        + "\n"
+    )
 
 
 def _implementations(df: pd.DataFrame) -> str:

@@ -152,6 +152,27 @@ def test_runner_checks_then_times_and_rejects_wrong_kernels(monkeypatch):
     assert by["refused"]["skipped"].startswith("refused needs")
 
 
+def test_runner_records_the_kernel_an_implementation_names(monkeypatch):
+    """A spec's kernel(problem) lands in its row (the problem's own shape); a spec without one,
+    or a refused one, leaves the column empty; a kernel() that raises is the row's error."""
+    named = replace(_spec("named", _ref), kernel=lambda p: f"{p.heads} heads, width {p.width}")
+
+    def broken(problem):
+        raise ValueError("no plan for this shape")
+
+    refused = ImplSpec("refused", "x", lambda p: "no GPU", lambda p: None, kernel=broken)
+    rows = _run(
+        monkeypatch,
+        [named, _spec("plain", _ref), refused, replace(_spec("broken", _ref), kernel=broken)],
+    )
+    by = {r["impl"]: r for r in rows}
+    assert by["named"]["kernel"] == "16 heads, width 256" and by["named"]["passed"]
+    assert by["plain"]["kernel"] is None and by["plain"]["passed"]
+    assert by["refused"]["kernel"] is None and by["refused"]["skipped"] == "no GPU"
+    assert by["broken"]["error"] == "ValueError: no plan for this shape"
+    assert "median_ms" not in by["broken"]
+
+
 def test_runner_shim_mode_uses_zero_rope_lanes(monkeypatch):
     rows = _run(monkeypatch, [reference_spec()], mode="shim")
     assert rows[0]["passed"] and rows[0]["row_bytes"] == 656

@@ -215,6 +215,18 @@ def test_padded_heads(heads, padded):
     assert flashmla.padded_heads(heads) == padded
 
 
+def test_kernel_line_names_padded_heads_and_rows():
+    """Result rows say what FlashMLA ran for the cell: its padded head count and the rows."""
+    spec = flashmla.flashmla_spec()
+    assert spec.kernel(problem(heads=16)) == (
+        "sparse fp8 decode at 64 heads (48 of them zero queries), 576-wide queries, "
+        "528-byte rows widened to 656"
+    )
+    assert spec.kernel(problem(heads=128, row_bytes=656, rope_dim=64)) == (
+        "sparse fp8 decode at 128 heads, 576-wide queries, 656-byte rows"
+    )
+
+
 @pytest.mark.parametrize(
     "heads, row_bytes, rope_dim, real_rope",
     [

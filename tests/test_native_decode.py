@@ -431,6 +431,28 @@ def test_128_heads_run_as_2cta_pairs_where_the_plan_allows():
             plan_hopper_wide(tokens, heads, 2176, 132, pair=True, **kw)
 
 
+def test_plan_description_names_kernel_form_and_shape():
+    """Result rows name the native kernel a cell ran: its form, then heads and rows a block,
+    head blocks and splits where there are several."""
+    assert plan_register(16, 2176).describe() == (
+        "register kernel (CUDA C++, mma.sync): 16 heads x 32 rows a block"
+    )
+    assert plan_register(32, 4096).describe().endswith("2 head blocks, 2 splits")
+    assert plan_hopper_wide(512, 128, 2176, 132).describe() == (
+        "64-head Gluon (wgmma), output halves apart from the scorer, 2-CTA pairs: "
+        "64 heads x 64 rows a block, 2 head blocks"
+    )
+    split = plan_hopper_wide(8, 64, 2176, 132)
+    assert split.splits > 1
+    assert split.describe() == (
+        f"64-head Gluon (wgmma): 64 heads x 64 rows a block, {split.splits} splits"
+    )
+    assert plan_hopper_wide(512, 64, 2176, 132, rope=True).describe().endswith("x 32 rows a block")
+    persistent = plan_hopper_ws(8, 16, 2176, 132)
+    assert "persistent, at most 132 programs" in persistent.describe()
+    assert plan_launch(4, 16, 256, 132).describe().startswith("portable Triton: 16 heads")
+
+
 def test_2cta_launch_asks_triton_for_clusters_of_two():
     """The pair kernel is compiled for one CTA; its launch metadata then asks Triton's launcher
     for clusters of two (which launches grid x 2 CTAs), keeping warps and shared memory."""

@@ -115,6 +115,40 @@ def test_same_kind_side_by_side_with_ratio_spreads_and_marks(two_runs):
     assert s["largest_ratio_cell"] == ["c1", "native"]
 
 
+def test_a_cell_whose_kernel_changed_says_so(tmp_path):
+    """Where both runs name the kernel a cell ran and the names differ, the mark says so beside
+    the timing verdict, the cell carries both names, and the summary counts such cells; a run
+    whose records have no kernel column changes nothing."""
+    a_rows = [
+        {**_row("c1", "native", 1.0, 0.01), "kernel": "register: 16 heads"},
+        {**_row("c2", "native", 1.0, 0.01), "kernel": "64-head: 64 heads"},
+        {**_row("c3", "native", 1.0, 0.01), "kernel": None},
+    ]
+    b_rows = [
+        {**_row("c1", "native", 1.5, 0.01), "kernel": "warp-specialised: 16 heads"},
+        {**_row("c2", "native", 1.0, 0.01), "kernel": "64-head: 64 heads"},
+        {**_row("c3", "native", 1.0, 0.01), "kernel": "portable: 16 heads"},
+    ]
+    a, b = make_run(tmp_path, "a", a_rows), make_run(tmp_path, "b", b_rows)
+    comparison = rc.compare_runs(rc.load_run(a, "RUN_A"), rc.load_run(b, "RUN_B"))
+    cells = _cells(comparison)
+    changed = cells[("c1", "native")]
+    assert changed["kernel_changed"] and changed["b_kernel"] == "warp-specialised: 16 heads"
+    assert [row[-1] for row in rc.table_rows(comparison)] == [
+        "REGRESSION (kernel changed)",
+        "",
+        "",
+    ]
+    assert not cells[("c3", "native")]["kernel_changed"]  # A names none: nothing to compare
+    assert comparison.summary()["kernel_changed"] == 1
+    assert rc.summary_line(comparison).endswith("; 1 ran another kernel in B")
+    same = rc.compare_runs(rc.load_run(a, "RUN_A"), rc.load_run(a, "RUN_A"))
+    assert same.summary()["kernel_changed"] == 0 and "kernel" not in rc.summary_line(same)
+    plain = make_run(tmp_path, "plain", [_row("c1", "native", 1.0, 0.01)])
+    old = rc.compare_runs(rc.load_run(plain, "RUN_A"), rc.load_run(b, "RUN_B"))
+    assert not _cells(old)[("c1", "native")]["kernel_changed"]
+
+
 def test_the_default_noise_floor_unmarks_what_only_the_spreads_would_mark(two_runs):
     a, b = two_runs
     assert 0.03 < DEFAULT_NOISE_FLOOR < 0.08  # the premise of B_ROWS' comments

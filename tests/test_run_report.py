@@ -92,6 +92,7 @@ def _fake_decode_run(root):
     run = RunDir.create("bench-decode", root)
     rows = []
     backends = {"flashmla": "vLLM FLASHMLA_SPARSE"}
+    kernels = {"native": "register kernel: 16 heads", "flashmla": "sparse fp8 decode at 64 heads"}
     for impl, mode, ms in [
         ("native", "nope", 0.5),
         ("flashinfer-fa3-bf16", "nope", 0.3),
@@ -104,6 +105,7 @@ def _fake_decode_run(root):
                 "case": f"h16-t512-w2176a2051-{mode}",
                 "impl": impl,
                 "serving_backend": backends.get(impl),
+                "kernel": kernels.get(impl),
                 "deployable": "yes" if impl in backends else "no",
                 "accuracy_class": "strict",
                 "library": "torch",
@@ -166,6 +168,10 @@ def test_report_renders_decode_tables_criteria_and_plots(tmp_path):
         "- native NoPE at 60% of the roofline at 512 tokens, every head count: fails at H=16 "
         "T=512 W=2176 (2051 active) (30)" in text
     )
+    # the kernel each implementation that names one ran, with its cells; fa3 names none
+    assert "- `native`, register kernel: 16 heads: 16x512 nope w2176, 16x512 shim w2176" in text
+    assert "- `flashmla`, sparse fp8 decode at 64 heads: 16x512 nope w2176, 16x512 shim" in text
+    assert "- `flashinfer-fa3-bf16`" not in text
     assert (tmp_path / "rep" / "decode_latency.png").is_file()
 
 

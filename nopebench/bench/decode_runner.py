@@ -117,7 +117,7 @@ def run_case(
     rows = []
     for name in impls:
         spec = registry[name]
-        row = {**base, **describe(spec), "skipped": None, "error": None}
+        row = {**base, **describe(spec), "kernel": None, "skipped": None, "error": None}
         rows.append(row)
         reason = spec.unsupported(problem0)
         if reason is None and name == "reference" and case.query_tokens > cfg.reference_max_tokens:
@@ -129,6 +129,7 @@ def run_case(
             row["skipped"] = reason
             continue
         try:
+            row["kernel"] = spec.kernel(problem0) if spec.kernel else None
             runs = [
                 impl_registry.prepare(p, name, registry)
                 for p in (problems if name != "reference" else problems[:1])

@@ -162,12 +162,21 @@ def compare_cells(
     sa = state_a.reindex(index).fillna("absent").to_numpy()
     sb = state_b.reindex(index).fillna("absent").to_numpy()
     cells["note"] = [_note(x, y) for x, y in zip(sa, sb, strict=True)]
+    ka, kb = _kernels(a, keys).reindex(index), _kernels(b, keys).reindex(index)
+    cells["a_kernel"], cells["b_kernel"] = ka.to_numpy(), kb.to_numpy()
+    cells["kernel_changed"] = (ka.notna() & kb.notna() & (ka != kb)).to_numpy()
     either = (sa == "timed") | (sb == "timed")
     return cells[either].reset_index(drop=True)
 
 
 def _keyed_state(rows: pd.DataFrame, keys: tuple[str, ...]) -> pd.Series:
     return pd.Series(_state(rows).to_numpy(), index=pd.MultiIndex.from_frame(rows[list(keys)]))
+
+
+def _kernels(rows: pd.DataFrame, keys: tuple[str, ...]) -> pd.Series:
+    """Per cell, the kernel the run's row names (records without the column: none)."""
+    kernel = rows["kernel"] if "kernel" in rows else pd.Series(None, index=rows.index)
+    return pd.Series(kernel.to_numpy(), index=pd.MultiIndex.from_frame(rows[list(keys)]))
 
 
 def _note(a: str, b: str) -> str:
@@ -179,12 +188,12 @@ def _note(a: str, b: str) -> str:
 
 
 def mark(row: Any) -> str:
-    """The one word a table shows for a cell."""
-    if row.regression:
-        return "REGRESSION"
-    if row.faster:
-        return "faster"
-    return row.note  # blank: within the tolerance
+    """The one word a table shows for a cell, and whether its kernel changed between the runs
+    (the cell's `a_kernel` and `b_kernel` say which)."""
+    word = "REGRESSION" if row.regression else "faster" if row.faster else row.note
+    if getattr(row, "kernel_changed", False):
+        return f"{word} (kernel changed)" if word else "kernel changed"
+    return word  # blank: within the tolerance
 
 
 @dataclass(frozen=True)
@@ -220,6 +229,7 @@ class Comparison:
             "noise_floor": self.noise_floor,
             "within_tolerance": int(len(both) - both.regression.sum() - both.faster.sum()),
             "only_one_run": int(len(self.cells) - len(both)),
+            "kernel_changed": int(self.cells.kernel_changed.sum()),
             "geomean_ratio": float(math.exp(ratios.map(math.log).mean())) if len(ratios) else None,
             "largest_ratio": None if worst is None else float(worst.ratio),
             "largest_ratio_cell": None if worst is None else [worst[k] for k in self.keys],
@@ -286,4 +296,5 @@ def summary_line(comparison: Comparison) -> str:
         f"{s['faster']} faster beyond the larger of their spreads and the "
         f"{floor} noise floor, {s['within_tolerance']} within; "
         f"geometric mean B / A {geo}; {s['only_one_run']} timed in one run only"
+        + (f"; {s['kernel_changed']} ran another kernel in B" if s["kernel_changed"] else "")
     )

@@ -280,6 +280,15 @@ def flashmla_prepare(problem: DecodeProblem) -> DecodeRun:
     return run
 
 
+def flashmla_kernel(problem: DecodeProblem) -> str:
+    """What FlashMLA runs for the problem: its head count (padded) and query width."""
+    heads, padded = problem.heads, padded_heads(problem.heads)
+    zeros = f" ({padded - heads} of them zero queries)" if padded > heads else ""
+    compact = problem.cache.shape[-1] == g.NOPE_ROW_BYTES
+    rows = "528-byte rows widened to 656" if compact else "656-byte rows"
+    return f"sparse fp8 decode at {padded} heads{zeros}, 576-wide queries, {rows}"
+
+
 def flashmla_spec() -> ImplSpec:
     return ImplSpec(
         IMPL,
@@ -291,4 +300,5 @@ def flashmla_spec() -> ImplSpec:
         serving_backend="vLLM FLASHMLA_SPARSE",
         deployable="yes: the packed 656-byte rows as vLLM writes them; NoPE only as the shim",
         library=flashmla_library,
+        kernel=flashmla_kernel,
     )

@@ -112,6 +112,8 @@ class ImplSpec:
     `serving_backend` names the serving-engine backend that runs this kernel (None: no engine
     runs it as measured here); `deployable` says in a few words why it is or is not a path a
     server can take. `library()` gives (package, version) of the code behind the kernel.
+    `kernel(problem)`, where given, says in one line which kernel and launch shape `prepare`
+    takes for the problem (implementations that choose by shape, or pad it).
     """
 
     name: str
@@ -122,6 +124,7 @@ class ImplSpec:
     serving_backend: str | None = None
     deployable: str = ""
     library: Callable[[], tuple[str, str | None]] = torch_library
+    kernel: Callable[[DecodeProblem], str] | None = None
 
     @property
     def is_deployable(self) -> bool:

@@ -99,6 +99,14 @@ def choose_plan(tokens: int, heads: int, width: int, rope_dim: int, device) -> L
     return plan_launch(tokens, heads, width, sms)
 
 
+def default_plan(tokens: int, heads: int, width: int, rope_dim: int, device) -> LaunchPlan:
+    """The plan `native_decode` takes when given none: `choose_plan` on a GPU, the portable
+    kernel's elsewhere (Triton's CPU interpreter)."""
+    if torch.device(device).type == "cuda":
+        return choose_plan(tokens, heads, width, rope_dim, device)
+    return plan_launch(tokens, heads, width)
+
+
 _PAIR_OFFSETS: dict[tuple[LaunchPlan, int], dict] = {}
 _IN_PAIRS: set[str] = set()
 
@@ -172,11 +180,7 @@ def native_decode(
     tokens, heads, _ = q.shape
     width = indices.shape[1]
     if plan is None:
-        plan = (
-            choose_plan(tokens, heads, width, rope_dim, q.device)
-            if q.is_cuda
-            else plan_launch(tokens, heads, width)
-        )
+        plan = default_plan(tokens, heads, width, rope_dim, q.device)
     if buffers is None:
         buffers = DecodeBuffers.allocate(tokens, heads, plan, q.device)
     out, lse, part, part_lse = buffers.out, buffers.lse, buffers.part, buffers.part_lse
@@ -288,10 +292,14 @@ def _unsupported(problem: DecodeProblem) -> str | None:
     return None
 
 
-def _prepare(problem: DecodeProblem) -> DecodeRun:
-    plan = choose_plan(
+def _plan(problem: DecodeProblem) -> LaunchPlan:
+    return default_plan(
         problem.tokens, problem.heads, problem.width, problem.rope_dim, problem.q.device
     )
+
+
+def _prepare(problem: DecodeProblem) -> DecodeRun:
+    plan = _plan(problem)
     buffers = DecodeBuffers.allocate(problem.tokens, problem.heads, plan, problem.q.device)
 
     def run() -> DecodeOutput:
@@ -316,6 +324,7 @@ def native_spec() -> ImplSpec:
         unsupported=_unsupported,
         prepare=_prepare,
         deployable="no: this project's kernels; no serving engine runs them",
+        kernel=lambda problem: _plan(problem).describe(),
         library=triton_library,
     )
 

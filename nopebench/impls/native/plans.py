@@ -77,11 +77,41 @@ class LaunchPlan:
     def programs(self) -> int:
         return self.head_blocks * self.splits
 
+    def describe(self) -> str:
+        """The kernel and its launch shape in one line, for result rows: e.g. '64-head Gluon
+        (wgmma), output halves apart from the scorer, 2-CTA pairs: 64 heads x 64 rows a block,
+        2 head blocks'."""
+        name = _KERNEL_NAMES.get(self.kernel, self.kernel)
+        form = []
+        if self.kernel == "hopper_ws" and self.role_split:
+            form.append("scorer and accumulator apart")
+        if self.kernel == "hopper_wide" and self.pv_split:
+            form.append("output halves apart from the scorer")
+        if self.pair:
+            form.append("2-CTA pairs")
+        if self.max_programs:
+            form.append(f"persistent, at most {self.max_programs} programs")
+        shape = [f"{self.block_h} heads x {self.block_n} rows a block"]
+        if self.head_blocks > 1:
+            shape.append(f"{self.head_blocks} head blocks")
+        if self.splits > 1:
+            shape.append(f"{self.splits} splits")
+        return ", ".join([name, *form]) + ": " + ", ".join(shape)
+
     def grid(self, tokens: int) -> tuple[int, ...]:
         if self.kernel not in ("hopper_ws", "hopper_wide"):
             return (tokens * self.head_blocks, self.splits)
         items = tokens * self.programs  # these walk (token, head block, split) items on one axis
         return (min(items, self.max_programs) if self.max_programs else items,)
+
+
+_KERNEL_NAMES = {
+    "triton": "portable Triton",
+    "hopper": "single-role Gluon (wgmma)",
+    "hopper_ws": "warp-specialised Gluon (wgmma)",
+    "hopper_wide": "64-head Gluon (wgmma)",
+    "register": "register kernel (CUDA C++, mma.sync)",
+}
 
 
 def next_pow2(n: int) -> int:
