@@ -169,14 +169,19 @@ def compare_cells(
     return cells[either].reset_index(drop=True)
 
 
+def _keyed(values: pd.Series, rows: pd.DataFrame, keys: tuple[str, ...]) -> pd.Series:
+    """`values` (one per row of `rows`) indexed by the rows' cell keys."""
+    return pd.Series(values.to_numpy(), index=pd.MultiIndex.from_frame(rows[list(keys)]))
+
+
 def _keyed_state(rows: pd.DataFrame, keys: tuple[str, ...]) -> pd.Series:
-    return pd.Series(_state(rows).to_numpy(), index=pd.MultiIndex.from_frame(rows[list(keys)]))
+    return _keyed(_state(rows), rows, keys)
 
 
 def _kernels(rows: pd.DataFrame, keys: tuple[str, ...]) -> pd.Series:
     """Per cell, the kernel the run's row names (records without the column: none)."""
     kernel = rows["kernel"] if "kernel" in rows else pd.Series(None, index=rows.index)
-    return pd.Series(kernel.to_numpy(), index=pd.MultiIndex.from_frame(rows[list(keys)]))
+    return _keyed(kernel, rows, keys)
 
 
 def _note(a: str, b: str) -> str:
@@ -191,7 +196,7 @@ def mark(row: Any) -> str:
     """The one word a table shows for a cell, and whether its kernel changed between the runs
     (the cell's `a_kernel` and `b_kernel` say which)."""
     word = "REGRESSION" if row.regression else "faster" if row.faster else row.note
-    if getattr(row, "kernel_changed", False):
+    if row.kernel_changed:
         return f"{word} (kernel changed)" if word else "kernel changed"
     return word  # blank: within the tolerance
 
