@@ -248,6 +248,34 @@ def _version_text(nvcc: Path) -> str:
     return proc.stdout.strip()
 
 
+@cache
+def _listed_architectures(nvcc: Path) -> frozenset[int] | None:
+    """The compute capabilities this nvcc builds, as `nvcc --list-gpu-arch` names them
+    (compute_90 -> 90); None where it cannot say, and the build then finds out itself."""
+    try:
+        proc = subprocess.run(
+            [str(nvcc), "--list-gpu-arch"], capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    numbers = frozenset(int(n) for n in re.findall(r"^compute_(\d+)$", proc.stdout, re.M))
+    return numbers if proc.returncode == 0 and numbers else None
+
+
+def check_targets(targets: Sequence[str], tools: Toolchain) -> None:
+    """UnsupportedError, before any build starts, naming the targets this nvcc cannot build."""
+    known = _listed_architectures(tools.nvcc)
+    if known is None:
+        return
+    missing = [t for t in targets if target_number(t) not in known]
+    if missing:
+        listed = ", ".join(f"sm_{n}" for n in sorted(known))
+        raise UnsupportedError(
+            f"nvcc {tools.release} cannot build {', '.join(missing)}; it builds {listed} "
+            "(nvcc --list-gpu-arch)"
+        )
+
+
 def toolchain() -> Toolchain:
     nvcc = find_nvcc()
     if nvcc is None:
@@ -336,6 +364,7 @@ def build_library(
 ) -> BuildResult:
     """`library` for `target`: from the cache when its hash matches, else compiled now."""
     tools = tools or toolchain()
+    check_targets((target,), tools)
     sources = source_files(library)
     flags = (*library.all_flags, *gencode(target))
     digest = build_digest(sources, flags, tools.version_text, target)
@@ -383,6 +412,7 @@ def build_libraries(
     """Build every library for every target it builds for, in parallel (nvcc is
     single-threaded); results in (target, library) order."""
     tools = tools or toolchain()
+    check_targets(targets, tools)
     jobs = [(t, lib) for t in targets for lib in libraries if lib.builds_for(t)]
 
     def one(job: tuple[str, CudaLibrary]) -> BuildResult:

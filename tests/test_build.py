@@ -33,6 +33,9 @@ FAKE_NVCC = """#!/usr/bin/env bash
 if [ "$1" = "--version" ]; then
     echo "Cuda compilation tools, release 13.0, V13.0.0 (fake)"; exit 0
 fi
+if [ "$1" = "--list-gpu-arch" ]; then
+    printf 'compute_%s\n' 75 80 86 89 90 100 120; exit 0
+fi
 echo call >> "{counter}"
 out=""; prev=""
 for a in "$@"; do [ "$prev" = "-o" ] && out="$a"; prev="$a"; done
@@ -250,6 +253,37 @@ def test_cli_rejects_a_bad_arch_with_exit_2():
     result = CliRunner().invoke(app, ["build", "--compile-only", "--arch", "sm_9x"])
     assert result.exit_code == 2
     assert "sm_9x" in result.output
+
+
+def test_a_target_nvcc_does_not_list_is_refused_before_any_compile(tmp_path, fake_tools):
+    tools, counter, src = fake_tools
+    with pytest.raises(UnsupportedError) as info:
+        b.build_libraries(("sm_90a", "sm_42", "sm_95"), [at(src)], root=tmp_path / "r", tools=tools)
+    line = str(info.value)
+    assert "\n" not in line and line.startswith("nvcc 13.0 cannot build sm_42, sm_95;")
+    assert "sm_90, sm_100, sm_120" in line
+    assert calls(counter) == 0 and not (tmp_path / "r").exists()
+
+
+def test_an_nvcc_that_lists_nothing_leaves_the_targets_to_the_build(tmp_path, fake_tools):
+    tools, counter, src = fake_tools
+    text = tools.nvcc.read_text().replace("--list-gpu-arch", "--no-such-flag")
+    quiet = tmp_path / "quiet" / "nvcc"
+    quiet.parent.mkdir()
+    quiet.write_text(text)
+    quiet.chmod(0o755)
+    b.build_library("sm_42", at(src), root=tmp_path / "r", tools=b.Toolchain(quiet, "fake"))
+    # the unknown flag ran the fake's compile path and listed nothing; then the build ran
+    assert calls(counter) == 2
+
+
+@needs_nvcc
+def test_build_of_an_architecture_this_nvcc_lacks_exits_3_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["build", "--arch", "sm_42"])
+    assert result.exit_code == 3 and result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    assert "cannot build sm_42" in line and "nvcc --list-gpu-arch" in line
 
 
 def test_missing_nvcc_is_unsupported(monkeypatch):
