@@ -364,7 +364,6 @@ def build_library(
 ) -> BuildResult:
     """`library` for `target`: from the cache when its hash matches, else compiled now."""
     tools = tools or toolchain()
-    check_targets((target,), tools)
     sources = source_files(library)
     flags = (*library.all_flags, *gencode(target))
     digest = build_digest(sources, flags, tools.version_text, target)
@@ -373,6 +372,7 @@ def build_library(
         cached = _read_record(final, library)
         if cached is not None:
             return cached
+    check_targets((target,), tools)
     Path(root).mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{library.name}-{target}-", dir=root))
     try:

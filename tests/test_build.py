@@ -34,7 +34,7 @@ if [ "$1" = "--version" ]; then
     echo "Cuda compilation tools, release 13.0, V13.0.0 (fake)"; exit 0
 fi
 if [ "$1" = "--list-gpu-arch" ]; then
-    printf 'compute_%s\n' 75 80 86 89 90 100 120; exit 0
+    printf 'compute_%s\\n' 75 80 86 89 90 100 120; exit 0
 fi
 echo call >> "{counter}"
 out=""; prev=""
@@ -257,6 +257,8 @@ def test_cli_rejects_a_bad_arch_with_exit_2():
 
 def test_a_target_nvcc_does_not_list_is_refused_before_any_compile(tmp_path, fake_tools):
     tools, counter, src = fake_tools
+    with pytest.raises(UnsupportedError, match="cannot build sm_42;"):
+        b.build_library("sm_42", at(src), root=tmp_path / "r", tools=tools)
     with pytest.raises(UnsupportedError) as info:
         b.build_libraries(("sm_90a", "sm_42", "sm_95"), [at(src)], root=tmp_path / "r", tools=tools)
     line = str(info.value)
@@ -267,14 +269,15 @@ def test_a_target_nvcc_does_not_list_is_refused_before_any_compile(tmp_path, fak
 
 def test_an_nvcc_that_lists_nothing_leaves_the_targets_to_the_build(tmp_path, fake_tools):
     tools, counter, src = fake_tools
-    text = tools.nvcc.read_text().replace("--list-gpu-arch", "--no-such-flag")
+    listing = "printf 'compute_%s\\n' 75 80 86 89 90 100 120; exit 0"
+    assert listing in tools.nvcc.read_text()
+    text = tools.nvcc.read_text().replace(listing, "exit 1")  # an nvcc without the option
     quiet = tmp_path / "quiet" / "nvcc"
     quiet.parent.mkdir()
     quiet.write_text(text)
     quiet.chmod(0o755)
     b.build_library("sm_42", at(src), root=tmp_path / "r", tools=b.Toolchain(quiet, "fake"))
-    # the unknown flag ran the fake's compile path and listed nothing; then the build ran
-    assert calls(counter) == 2
+    assert calls(counter) == 1
 
 
 @needs_nvcc
