@@ -20,7 +20,7 @@ nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
 } > "$OUT/run.log" 2>&1
 tail -n 25 "$OUT/run.log"
 tar czf "$OUT/run.tar.gz" res
-left() { echo $((540 - ($(date +%s) - T0))); }
+left() { echo $((450 - ($(date +%s) - T0))); }
 {
     timeout "$(left)" python3 -m pytest -q -p no:cacheprovider -m gpu \
         --ignore=tests/test_native_decode.py tests
