@@ -21,7 +21,7 @@ try:  # the click typer uses: its own copy in newer releases, the click package 
 except ImportError:
     import click
 
-from nopebench import __version__
+from nopebench import SUMMARY, __version__
 from nopebench.commands import options as o
 from nopebench.errors import (
     EXIT_INTERRUPTED,
@@ -81,7 +81,10 @@ def _print_version(value: bool) -> None:
         raise typer.Exit(0)
 
 
-@app.callback()
+@app.callback(
+    help=f"{SUMMARY}.\n\nExit codes: 0 ok, 1 a check failed, 2 bad input, 3 this machine cannot "
+    "run that, 4 the server or machine failed, 130 interrupted."
+)
 def _root(
     version: Annotated[
         bool,
@@ -93,11 +96,7 @@ def _root(
         ),
     ] = False,
 ) -> None:
-    """Validate and benchmark NoPE sparse MLA (GLM-5.3-Flash) on FlashInfer's sparse MLA backends.
-
-    Exit codes: 0 ok, 1 a check failed, 2 bad input, 3 this machine cannot run that,
-    4 the server or machine failed, 130 interrupted.
-    """
+    """The command group: its help (the description and the exit codes) is the decorator's."""
 
 
 ModelOpt = Annotated[

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from nopebench import SUMMARY
 from nopebench.errors import UsageError
 from nopebench.records import RUN_FILE, read_csv, read_run, run_status
 
@@ -522,9 +523,9 @@ def build_report(runs: list[Path], out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     parts = [
         "# nopebench report\n",
-        "NoPE sparse MLA (GLM-5.3-Flash, `qk_rope_head_dim = 0`) on FlashInfer's sparse MLA "
-        "backends: the fp8_ds_mla cache row (NoPE RoPE lanes zeroed), the sparse page table sized "
-        "by the top-k buffer width, decode speed against the zero-padded RoPE shim, and GSM8K.\n",
+        f"{SUMMARY} (`qk_rope_head_dim = 0`): the fp8_ds_mla cache row (NoPE RoPE lanes zeroed), "
+        "the sparse page table sized by the top-k buffer width, decode speed against the "
+        "zero-padded RoPE shim, and GSM8K.\n",
         "Runs: " + ", ".join(f"`{p}`" for p in runs) + "\n",
         section_environment(runs),
     ]

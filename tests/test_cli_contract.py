@@ -17,7 +17,7 @@ import torch
 from typer.testing import CliRunner
 
 import nopebench
-from nopebench import errors
+from nopebench import errors, report
 from nopebench.cli import app
 from nopebench.commands import verify_layout
 from nopebench.config import REPO_ROOT
@@ -104,6 +104,19 @@ def test_version_is_the_package_version():
     pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
     assert nopebench.__version__ == pyproject["project"]["version"]
     assert result.stdout == f"nopebench {nopebench.__version__}\n"
+
+
+def test_one_description_for_the_package_the_help_and_the_report(tmp_path):
+    pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+    assert pyproject["project"]["description"] == nopebench.SUMMARY
+    result = runner.invoke(app, ["--help"], env={"COLUMNS": "400"})
+    assert result.exit_code == 0 and nopebench.SUMMARY in result.stdout
+    # and the report opens with it: one built from a minimal run record
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text('{"kind": "other", "status": "passed"}')
+    text = report.build_report([run], tmp_path / "rep").read_text()
+    assert text.splitlines()[2].startswith(nopebench.SUMMARY)
 
 
 def test_this_machine_cannot_run_that_is_exit_3(tmp_path, monkeypatch):
