@@ -523,9 +523,9 @@ def build_report(runs: list[Path], out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     parts = [
         "# nopebench report\n",
-        f"{SUMMARY} (`qk_rope_head_dim = 0`): the fp8_ds_mla cache row (NoPE RoPE lanes zeroed), "
-        "the sparse page table sized by the top-k buffer width, decode speed against the "
-        "zero-padded RoPE shim, and GSM8K.\n",
+        f"{SUMMARY} (NoPE: `qk_rope_head_dim = 0`). Its checks: the fp8_ds_mla cache row (NoPE "
+        "RoPE lanes zeroed), the sparse page table sized by the top-k buffer width, decode speed "
+        "against the zero-padded RoPE shim, and GSM8K.\n",
         "Runs: " + ", ".join(f"`{p}`" for p in runs) + "\n",
         section_environment(runs),
     ]
